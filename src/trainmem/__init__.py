@@ -1,0 +1,20 @@
+"""trainmem: plan, measure and explain GPU memory when fine-tuning causal language models.
+
+    >>> import trainmem
+    >>> spec = trainmem.ModelSpec.resolve("tiny-gpt-neox")
+    >>> result = trainmem.run(spec, trainmem.TrainSetup(batch_size=2, seq_len=32))
+    >>> result.status, result.memory["peak_allocated"] > 0
+    ('ok', True)
+"""
+
+from .errors import SetupError
+from .experiment import gpu_memory_experiment
+from .gpus import CATALOG as GPUS, GPU, find_gpu
+from .result import Result
+from .runner import run
+from .setup import TrainSetup, from_training_arguments
+from .specs import PRESETS, ModelSpec
+
+__version__ = "0.1.0"
+__all__ = ["ModelSpec", "TrainSetup", "Result", "SetupError", "run", "gpu_memory_experiment",
+           "from_training_arguments", "GPU", "GPUS", "find_gpu", "PRESETS"]

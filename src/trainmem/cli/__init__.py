@@ -1,0 +1,33 @@
+"""`trainmem` command line: one module per subcommand, registered here."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+
+from ..errors import SetupError
+from . import run as run_cmd
+
+COMMANDS = {"run": run_cmd}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="trainmem", description="Plan, measure and explain GPU memory "
+                                     "when fine-tuning causal language models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, module in COMMANDS.items():
+        module.register(sub.add_parser(name, help=module.__doc__.splitlines()[0],
+                                       description=module.__doc__))
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command].main(args)
+    except SetupError as e:
+        Console(stderr=True).print(f"[red]trainmem {args.command}: the setup cannot run:[/red]\n{e}",
+                                   highlight=False)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""Train a setup for a few real steps and measure its memory phase by phase.
+
+Each experiment runs in a fresh process; an out-of-memory is a result (status oom), not a crash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+
+from ..render import print_result
+from ..runner import run
+from .options import add_setup_arguments, setup_from_args
+
+
+def register(p: argparse.ArgumentParser) -> None:
+    add_setup_arguments(p)
+    p.add_argument("--json", action="store_true", help="print the result object as JSON")
+    p.add_argument("--out", metavar="FILE.jsonl", help="append the result object to this file")
+    p.add_argument("--phases", action="store_true", help="also print the phase-by-phase table")
+    p.add_argument("--no-isolate", action="store_true", help="run in this process (faster, may leak memory)")
+
+
+def main(args: argparse.Namespace) -> int:
+    spec, setup = setup_from_args(args)
+    console = Console(stderr=args.json)
+    with console.status(f"training {spec.name} ({spec.source}) for {setup.steps} steps..."):
+        result = run(spec, setup, isolate=not args.no_isolate)
+    if args.out:
+        result.append_to(args.out)
+    if args.json:
+        sys.stdout.write(result.to_json() + "\n")
+    else:
+        print_result(result, console, phases=args.phases)
+        if spec.source in ("preset", "config") and args.model is None:
+            console.print(f"[dim]No GPU here: ran the tiny preset {spec.name} on the CPU. On a GPU the default "
+                          "is the seed's EleutherAI/polyglot-ko-1.3b; pass --model to choose.[/dim]")
+    return 0 if result.status in ("ok", "oom") else 1

@@ -1,0 +1,76 @@
+"""Terminal rendering of results with rich. Pure presentation: no measurement happens here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from .result import Result
+
+GiB, MiB = 1024**3, 1024**2
+
+_PARTS = [("weights", "weights (params, buffers, 4-bit states)"), ("gradients", "gradients"),
+          ("optimizer", "optimizer states"), ("activations", "activations (saved by forward, logits)"),
+          ("other", "other (backward/step temporaries, workspace)")]
+
+
+def size(n: int | None) -> str:
+    """Bytes as the seed prints them (GB = 1024**3), with MiB for small values."""
+    if n is None:
+        return "-"
+    return f"{n / GiB:.3f} GiB" if abs(n) >= 100 * MiB else f"{n / MiB:.2f} MiB"
+
+
+def result_tables(r: Result, phases: bool = False) -> list[Any]:
+    s = r.setup
+    title = (f"{r.model.get('name')}  batch {s['batch_size']} x accum {s['grad_accum']} "
+             f"(effective {r.effective_batch}), seq {s['seq_len']}, {s['peft']}, {s['precision']}, "
+             f"{s['optimizer']}{', checkpointing' if s['checkpointing'] else ''}  on {r.env.get('gpu') or s['device']}")
+    out: list[Any] = [f"[bold]{title}[/bold]"]
+    status = {"ok": "[green]ok[/green]", "oom": "[red]out of memory[/red]", "error": "[red]error[/red]"}[r.status]
+    cap = f"  (memory capped to {s['gpu']})" if s.get("gpu") else ""
+    out.append(f"status: {status}{cap}   steps done: {r.steps_done}/{s['steps']}")
+    mem = Table(title="Memory at the peak (parts add up to peak allocated)", show_edge=False)
+    mem.add_column("part")
+    mem.add_column("bytes", justify="right")
+    mem.add_column("size", justify="right")
+    m = r.memory
+    for key, label in _PARTS:
+        mem.add_row(label, f"{m[key]:,}", size(m[key]))
+    mem.add_row("[bold]peak allocated[/bold]", f"{m['peak_allocated']:,}", size(m["peak_allocated"]))
+    mem.add_row("peak reserved (allocator)", f"{m['peak_reserved']:,}", size(m["peak_reserved"]))
+    dev_label = "device used (cudaMemGetInfo)" if s["device"] == "cuda" else "process peak RSS"
+    mem.add_row(dev_label, f"{m['device_used']:,}", size(m["device_used"]))
+    out.append(mem)
+    ms = r.model_states
+    out.append(f"after an optimizer step (the seed's figures): optimizer states {size(ms['optimizer'])}, "
+               f"gradients {size(ms['gradients'])}, weights {size(ms['weights'])}")
+    tp = r.throughput
+    if tp.get("tokens_per_s"):
+        out.append(f"throughput: {tp['tokens_per_s']:,.0f} tokens/s, {tp['step_time_s'] * 1000:.1f} ms/step "
+                   f"over {tp['timed_steps']} unprobed step(s)")
+    if r.oom:
+        req = r.oom.get("tried_to_allocate")
+        out.append(f"[red]OOM[/red] in phase [bold]{r.oom['phase']}[/bold]: tried to allocate {size(req)}, "
+                   f"peak reached {size(r.oom['peak_allocated'])}")
+    if r.error:
+        out.append(f"[red]{r.error.strip().splitlines()[-1]}[/red]")
+    for note in r.notes:
+        out.append(f"note: {note}")
+    if phases and r.phases:
+        t = Table(title="Phases", show_edge=False)
+        for col in ("phase", "allocated", "peak", "reserved", "gradients", "optimizer"):
+            t.add_column(col, justify="left" if col == "phase" else "right")
+        for ph in r.phases:
+            t.add_row(ph["phase"], size(ph["allocated"]), size(ph["peak_allocated"]), size(ph["reserved"]),
+                      size(ph["gradients"]), size(ph["optimizer"]))
+        out.append(t)
+    return out
+
+
+def print_result(r: Result, console: Console | None = None, phases: bool = False) -> None:
+    console = console or Console()
+    for item in result_tables(r, phases):
+        console.print(item)

@@ -1,0 +1,180 @@
+"""One experiment, isolated: build, train a few steps, measure; OOM and failures become results.
+
+`run()` starts a fresh Python process per experiment by default (`python -m trainmem.worker`), so no
+memory from an earlier experiment leaks into the next one (the seed's QLoRA run started with 0.945 GB
+left over from a previous cell) and a crash cannot take the caller down. `execute()` is the same
+experiment in the current process; the worker calls it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import traceback
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from .errors import SetupError
+from .result import Result, empty_memory
+from .setup import TrainSetup
+from .specs import ModelSpec
+
+
+def _version(name: str) -> str | None:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def environment(device: str, reader: Any = None) -> dict[str, Any]:
+    import torch
+
+    env: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
+                           **{p: _version(p) for p in ("torch", "transformers", "peft", "accelerate",
+                                                       "bitsandbytes", "trainmem")}}
+    env["device"] = device
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        env.update(gpu=props.name, gpu_total_memory=props.total_memory, cuda=torch.version.cuda,
+                   cuda_context=getattr(reader, "context", None))
+    else:
+        env.update(cpu=platform.processor() or platform.machine(), threads=torch.get_num_threads())
+    return env
+
+
+def _dataset(spec: ModelSpec, setup: TrainSetup) -> tuple[list, int]:
+    """(samples, pad id) for the setup: the seed's dummy data or a tokenized local file."""
+    from .data import dummy_dataset, text_dataset
+
+    if setup.data is None:
+        return dummy_dataset(setup.num_samples, setup.seq_len, spec.vocab_size, setup.labels, setup.seed), 0
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(spec.path)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    return text_dataset(setup.data, tok, setup.seq_len, setup.data_mode), pad
+
+
+def execute(spec: ModelSpec, setup: TrainSetup) -> Result:
+    """Run the experiment here and now. Raises SetupError for bad input, returns a Result otherwise."""
+    import torch
+
+    from .build import build_model, build_optimizer, environment_problems, trainable_parameters
+    from .data import micro_batches
+    from .measure import CudaReader, LedgerReader, StateBytes, TensorLedger, requested_bytes, state_bytes
+    from .train import Probe, TrainLog, train
+
+    device = setup.resolved_device()
+    precision = setup.resolved_precision(spec, device)
+    problems = setup.problems(spec) + environment_problems(setup, device, precision)
+    if problems:
+        raise SetupError(problems)
+    samples, pad_id = _dataset(spec, setup)
+    batches = micro_batches(samples, setup.batch_size, pad_id)
+
+    dev = torch.device("cuda:0" if device == "cuda" else "cpu")
+    cap = setup.cap_bytes()
+    held: dict[str, Any] = {"model": None, "optimizer": None}
+
+    def live_state() -> StateBytes:
+        if held["model"] is None:
+            return StateBytes(0, 0, 0)
+        return state_bytes(held["model"], held["optimizer"])
+
+    ledger = TensorLedger(live_state, cap=cap if device == "cpu" else None)
+    reader = CudaReader(dev) if device == "cuda" else LedgerReader(ledger)
+    if device == "cuda" and cap is not None:
+        reader.cap(cap)
+    resolved = setup.replace(device=device, precision=precision).to_dict()
+    result = Result(kind="measurement", status="ok", setup=resolved, model=spec.describe(),
+                    effective_batch=setup.effective_batch, env=environment(device, reader))
+    probe = Probe(reader, ledger, model=None)  # type: ignore[arg-type]
+    log = TrainLog()
+    try:
+        probe.begin("load")
+        with ledger if device == "cpu" else contextlib.nullcontext():
+            held["model"] = model = build_model(spec, setup, device, precision)
+        probe.model = model
+        probe.end()
+        trainable, total = trainable_parameters(model)
+        result.model.update(trainable_parameters=trainable, loaded_parameters=total)
+        held["optimizer"] = optimizer = build_optimizer(model, setup)
+        ledger.adopt([p for p in model.parameters()] + list(model.buffers()))
+        train(model, optimizer, batches, setup, dev, probe, log, precision)
+    except torch.OutOfMemoryError as e:
+        probe.close()
+        result.status = "oom"
+        result.oom = {"phase": probe.current, "tried_to_allocate": requested_bytes(e),
+                      "peak_allocated": probe.peak_allocated or ledger.peak, "message": str(e).splitlines()[0]}
+    except SetupError:
+        raise
+    except Exception:  # the run failed for a reason other than memory: report it, do not crash
+        result.status = "error"
+        result.error = traceback.format_exc()
+    result.phases = probe.phases
+    result.steps_done = log.steps_done
+    result.losses = log.losses
+    result.model_states = log.model_states.to_dict()
+    result.throughput = log.throughput()
+    result.memory = _memory(probe, ledger, device)
+    if result.status == "ok" and any(l != l for l in log.losses):
+        result.notes.append("loss became NaN/inf (pure fp16 training overflows easily); memory is unaffected")
+    held.clear()
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+def _memory(probe: Any, ledger: Any, device: str) -> dict[str, int]:
+    """The composition at the peak; on CUDA the allocator's peak is authoritative and `other`
+    absorbs what the ledger cannot see (cuBLAS workspace, allocator rounding)."""
+    mem = empty_memory()
+    mem.update(ledger.peak_split)
+    peak = probe.peak_allocated if device == "cuda" else ledger.peak
+    parts = mem["weights"] + mem["gradients"] + mem["optimizer"] + mem["activations"]
+    mem["other"] = max(peak - parts, 0)
+    mem["peak_allocated"] = peak
+    mem["peak_reserved"] = probe.peak_reserved if device == "cuda" else peak
+    mem["device_used"] = probe.device_used
+    return mem
+
+
+def run(spec: ModelSpec | str, setup: TrainSetup | None = None, isolate: bool = True,
+        timeout: float | None = None) -> Result:
+    """Measure one setup. With `isolate` (default) it runs in a fresh process."""
+    spec = ModelSpec.resolve(spec) if isinstance(spec, str) else spec
+    setup = setup or TrainSetup()
+    setup.validate(spec)
+    if not isolate:
+        return execute(spec, setup)
+    with tempfile.TemporaryDirectory(prefix="trainmem-") as tmp:
+        job, out = os.path.join(tmp, "job.json"), os.path.join(tmp, "result.json")
+        with open(job, "w") as f:
+            json.dump({"spec": {"name": spec.name, "config": spec.config, "source": spec.source,
+                                "path": spec.path}, "setup": setup.to_dict()}, f)
+        try:
+            proc = subprocess.run([sys.executable, "-m", "trainmem.worker", job, out],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return _failed(spec, setup, f"the experiment ran past {timeout} s and was stopped")
+        if not os.path.exists(out):
+            return _failed(spec, setup, f"the worker process died (exit {proc.returncode}):\n"
+                                        + "\n".join(proc.stderr.splitlines()[-20:]))
+        with open(out) as f:
+            row = json.load(f)
+    if row.get("status") == "invalid":
+        raise SetupError(row["problems"])
+    return Result.from_dict(row)
+
+
+def _failed(spec: ModelSpec, setup: TrainSetup, why: str) -> Result:
+    return Result(kind="measurement", status="error", setup=setup.to_dict(), model={"name": spec.name},
+                  effective_batch=setup.effective_batch, error=why)

@@ -1,0 +1,186 @@
+"""TrainSetup: one fine-tuning setup, typed, validated once, shared by `run` and `estimate`.
+
+Defaults mirror the seed chapter (batch 4, sequence 256, AdamW, LoRA r=8/alpha=32/dropout 0.05).
+Validation collects every problem and raises one `SetupError`, each line naming the flag to change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from .errors import SetupError
+from .gpus import CATALOG, find_gpu
+
+PEFTS = ("none", "lora", "qlora")
+PRECISIONS = ("auto", "fp32", "fp16", "bf16", "amp-bf16", "amp-fp16")
+OPTIMIZERS = ("adamw", "adamw-fused", "adamw-8bit", "paged-adamw-8bit", "sgd", "adafactor")
+ATTENTIONS = ("sdpa", "eager")
+LABELS = ("random", "copy")
+DATA_MODES = ("pad", "pack")
+DEVICES = ("auto", "cuda", "cpu")
+
+
+@dataclass
+class TrainSetup:
+    """Everything about a fine-tuning run except the model itself."""
+
+    batch_size: int = 4
+    """Micro-batch: samples per forward/backward (the seed's `per_device_train_batch_size`)."""
+    grad_accum: int = 1
+    """Micro-batches whose gradients are summed before one optimizer step."""
+    seq_len: int = 256
+    """Tokens per sample of the dummy data; the maximum length for `data`."""
+    checkpointing: bool = False
+    """Gradient checkpointing (non-reentrant): keep layer inputs, recompute the rest in backward."""
+    peft: str = "none"
+    """`none` (full fine-tuning), `lora`, or `qlora` (NF4 base weights via bitsandbytes + LoRA)."""
+    lora_r: int = 8
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    lora_targets: list[str] | None = None
+    """Module names to adapt; None lets peft choose per architecture (query_key_value for GPT-NeoX)."""
+    precision: str = "auto"
+    """`auto` = the checkpoint's dtype on CUDA (the seed's torch_dtype="auto"), fp32 on CPU;
+    fp16/bf16 = half weights, no autocast; amp-* = fp32 weights under autocast (GradScaler for fp16)."""
+    optimizer: str = "adamw"
+    lr: float = 1e-4
+    attention: str = "sdpa"
+    steps: int = 3
+    """Optimizer steps. Adam states exist only after step 1, so step 2 is the first steady one."""
+    labels: str = "random"
+    """Dummy data labels: `random` (the seed: independent ids) or `copy` (labels = inputs)."""
+    num_samples: int = 64
+    """Dummy data samples (the seed: 64)."""
+    data: str | None = None
+    """A local .txt (one sample per line) or .jsonl (a "text" field) file instead of dummy data."""
+    data_mode: str = "pad"
+    """How `data` becomes batches: `pad` (attention mask, labels -100 on pads) or `pack`."""
+    device: str = "auto"
+    gpu: str | None = None
+    """Cap usable memory to this card's (see `trainmem.gpus.CATALOG`)."""
+    memory_cap: int | None = None
+    """Cap usable memory to this many bytes (on CPU the tensor ledger enforces it)."""
+    seed: int = 0
+
+    # --- derived ----------------------------------------------------------------------------
+    @property
+    def effective_batch(self) -> int:
+        """Samples per optimizer step on one device: micro-batch x accumulation."""
+        return self.batch_size * self.grad_accum
+
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def resolved_precision(self, spec: Any, device: str) -> str:
+        """`auto` becomes fp16/bf16 from the checkpoint dtype on CUDA and fp32 on CPU."""
+        if self.precision != "auto":
+            return self.precision
+        if device == "cpu":
+            return "fp32"
+        return {"float16": "fp16", "bfloat16": "bf16"}.get(spec.stored_dtype, "fp32")
+
+    def cap_bytes(self) -> int | None:
+        """The memory cap in bytes from `memory_cap` or `gpu`, the smaller if both are given."""
+        gpu = find_gpu(self.gpu) if self.gpu else None
+        caps = [c for c in (self.memory_cap, gpu.usable if gpu else None) if c is not None]
+        return min(caps) if caps else None
+
+    def replace(self, **changes: Any) -> TrainSetup:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainSetup:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise SetupError([f"unknown setup field {k!r}" for k in unknown])
+        return cls(**d)
+
+    # --- validation ---------------------------------------------------------------------------
+    def problems(self, spec: Any = None) -> list[str]:
+        """Every problem of this setup (and of it with `spec`), each naming its flag. Empty if fine."""
+        out: list[str] = []
+
+        def choice(flag: str, value: str, allowed: tuple[str, ...]) -> None:
+            if value not in allowed:
+                out.append(f"--{flag}: {value!r} is not one of {', '.join(allowed)}")
+
+        for flag, value in (("batch-size", self.batch_size), ("grad-accum", self.grad_accum),
+                            ("seq-len", self.seq_len), ("steps", self.steps),
+                            ("num-samples", self.num_samples), ("lora-r", self.lora_r)):
+            if not isinstance(value, int) or value < 1:
+                out.append(f"--{flag}: must be a whole number >= 1, got {value!r}")
+        if not 0 <= self.lora_dropout < 1:
+            out.append(f"--lora-dropout: must be in [0, 1), got {self.lora_dropout}")
+        if self.lr <= 0:
+            out.append(f"--lr: must be > 0, got {self.lr}")
+        choice("peft", self.peft, PEFTS)
+        choice("precision", self.precision, PRECISIONS)
+        choice("optimizer", self.optimizer, OPTIMIZERS)
+        choice("attention", self.attention, ATTENTIONS)
+        choice("labels", self.labels, LABELS)
+        choice("data-mode", self.data_mode, DATA_MODES)
+        choice("device", self.device, DEVICES)
+        if self.gpu is not None and find_gpu(self.gpu) is None:
+            out.append(f"--gpu: unknown card {self.gpu!r}; known: {', '.join(CATALOG)} "
+                       "(or cap by bytes with --memory-cap)")
+        if self.memory_cap is not None and self.memory_cap < 1:
+            out.append(f"--memory-cap: must be a positive number of bytes, got {self.memory_cap}")
+        if self.peft == "none" and self.lora_targets:
+            out.append("--lora-targets: given with --peft none; add --peft lora or drop --lora-targets")
+        if self.data is not None:
+            p = Path(self.data)
+            if not p.is_file():
+                out.append(f"--data: no such file {self.data!r}")
+            elif p.suffix not in (".txt", ".jsonl"):
+                out.append(f"--data: {self.data!r} must be a .txt (a sample per line) or .jsonl file")
+        elif self.data_mode != "pad":
+            out.append("--data-mode: only applies to --data files; drop it or pass --data")
+        if spec is not None:
+            out += self._model_problems(spec)
+        return out
+
+    def _model_problems(self, spec: Any) -> list[str]:
+        out: list[str] = []
+        max_pos = spec.max_positions
+        if max_pos is not None and isinstance(self.seq_len, int) and self.seq_len > max_pos:
+            out.append(f"--seq-len: {self.seq_len} is longer than {spec.name}'s {max_pos} positions; "
+                       f"use --seq-len {max_pos} or less")
+        if self.data is not None and spec.path is None:
+            out.append(f"--data: {spec.name} has no tokenizer (a preset or a bare config.json); pass a "
+                       "local model folder with tokenizer files as --model, or use the dummy data")
+        return out
+
+    def validate(self, spec: Any = None) -> TrainSetup:
+        """Raise one SetupError listing every problem; return self when there are none."""
+        found = self.problems(spec)
+        if found:
+            raise SetupError(found)
+        return self
+
+
+def from_training_arguments(args: Any, **overrides: Any) -> TrainSetup:
+    """A TrainSetup from a transformers `TrainingArguments` (the seed builds one)."""
+    precision = "amp-bf16" if getattr(args, "bf16", False) else "amp-fp16" if getattr(args, "fp16", False) else "auto"
+    setup = TrainSetup(
+        batch_size=int(args.per_device_train_batch_size),
+        grad_accum=int(args.gradient_accumulation_steps),
+        checkpointing=bool(args.gradient_checkpointing),
+        precision=precision,
+        lr=float(args.learning_rate),
+        seed=int(args.seed),
+    )
+    return setup.replace(**overrides) if overrides else setup
+
+
+__all__ = ["TrainSetup", "from_training_arguments", "PEFTS", "PRECISIONS", "OPTIMIZERS", "ATTENTIONS"]
