@@ -102,7 +102,11 @@ def build_model(spec: ModelSpec, setup: TrainSetup, device: str, precision: str)
             model = AutoModelForCausalLM.from_pretrained(spec.path, **kwargs)
         else:
             with tempfile.TemporaryDirectory(prefix="trainmem-qlora-") as tmp:
-                _random_model(spec, dtype, setup.attention, "cpu").save_pretrained(tmp)
+                # Random init is fast on the GPU; the unquantized copy is freed and forgotten by the
+                # allocator's statistics before the real (quantizing) load starts.
+                _random_model(spec, dtype, setup.attention, "cuda").save_pretrained(tmp)
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
                 model = AutoModelForCausalLM.from_pretrained(tmp, **kwargs)
         model = prepare_model_for_kbit_training(
             model, use_gradient_checkpointing=setup.checkpointing,

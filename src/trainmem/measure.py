@@ -163,7 +163,7 @@ class TensorLedger(TorchDispatchMode):
 
     def _snapshot(self) -> None:
         # Weights and optimizer states only change in the step, gradients only in backward/step.
-        if self._cached_state is None or self.phase.endswith(("backward", "step")):
+        if self._cached_state is None or self.phase.endswith(("backward", "optimizer")):
             self._cached_state = self._state()
         s = self._cached_state
         activations = self.by_tag.get("forward", 0)

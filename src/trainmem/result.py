@@ -38,6 +38,8 @@ class Result:
     env: dict[str, Any] = field(default_factory=dict)
     effective_batch: int = 0
     steps_done: int = 0
+    peak_phase: str = ""
+    """The phase in which the peak happened, e.g. `step2.micro1.backward` or `step1.optimizer`."""
     losses: list[float] = field(default_factory=list)
     oom: dict[str, Any] | None = None
     """For status `oom`: the phase, the bytes it tried to allocate, the peak reached."""

@@ -38,7 +38,10 @@ def environment(device: str, reader: Any = None) -> dict[str, Any]:
 
     env: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
                            **{p: _version(p) for p in ("torch", "transformers", "peft", "accelerate",
-                                                       "bitsandbytes", "trainmem")}}
+                                                       "bitsandbytes")}}
+    from . import __version__
+
+    env["trainmem"] = __version__
     env["device"] = device
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
@@ -104,7 +107,8 @@ def execute(spec: ModelSpec, setup: TrainSetup) -> Result:
         probe.model = model
         probe.end()
         trainable, total = trainable_parameters(model)
-        result.model.update(trainable_parameters=trainable, loaded_parameters=total)
+        result.model.update(trainable_parameters=trainable, loaded_parameters=total,
+                            attention=getattr(model.config, "_attn_implementation", None))
         held["optimizer"] = optimizer = build_optimizer(model, setup)
         ledger.adopt([p for p in model.parameters()] + list(model.buffers()))
         train(model, optimizer, batches, setup, dev, probe, log, precision)
@@ -124,6 +128,7 @@ def execute(spec: ModelSpec, setup: TrainSetup) -> Result:
     result.model_states = log.model_states.to_dict()
     result.throughput = log.throughput()
     result.memory = _memory(probe, ledger, device)
+    result.peak_phase = ledger.peak_phase
     if result.status == "ok" and any(l != l for l in log.losses):
         result.notes.append("loss became NaN/inf (pure fp16 training overflows easily); memory is unaffected")
     held.clear()

@@ -108,7 +108,7 @@ def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: lis
         tracking = probe.ledger if (probing or ledger_always) else contextlib.nullcontext()
         _sync(device)
         t0 = time.perf_counter()
-        step_loss, tokens = 0.0, 0
+        step_loss, tokens = torch.zeros((), device=device), 0
         with tracking:
             for k, batch in enumerate(window, 1):
                 name = f"step{step}.micro{k}"
@@ -121,7 +121,7 @@ def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: lis
 
                 probe.begin(f"{name}.backward")
                 (scaler.scale(loss) if scaler is not None else loss).backward()
-                step_loss += float(loss.detach())
+                step_loss += loss.detach().float()  # no host sync per micro-batch
                 del loss, batch  # free the graph's last handle before the next forward
                 probe.end()
 
@@ -139,7 +139,8 @@ def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: lis
         _sync(device)
         log.step_times.append(time.perf_counter() - t0)
         log.step_tokens.append(tokens)
-        log.losses.append(step_loss if math.isfinite(step_loss) else float("nan"))
+        loss_value = float(step_loss)
+        log.losses.append(loss_value if math.isfinite(loss_value) else float("nan"))
         log.steps_done = step
     probe.close()
     return log

@@ -1,0 +1,66 @@
+"""The same experiments on a real GPU: allocator numbers, QLoRA, 8-bit optimizers, card caps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainmem import ModelSpec, TrainSetup
+from trainmem.build import has_bitsandbytes
+from trainmem.runner import execute
+
+pytestmark = pytest.mark.gpu
+SPEC = ModelSpec.resolve("tiny-llama")
+
+
+def measure(**kw):
+    base = dict(batch_size=4, seq_len=128, steps=3, num_samples=16, device="cuda")
+    base.update(kw)
+    return execute(SPEC, TrainSetup(**base))
+
+
+def n_params():
+    return SPEC.parameter_count
+
+
+@pytest.mark.parametrize("precision,wbytes", [("fp32", 4), ("bf16", 2), ("fp16", 2), ("amp-bf16", 4), ("amp-fp16", 4)])
+def test_precisions_on_cuda(precision, wbytes):
+    r = measure(precision=precision)
+    assert r.status == "ok", r.error
+    assert r.model_states["gradients"] == wbytes * n_params()
+    m = r.memory
+    assert m["weights"] + m["gradients"] + m["optimizer"] + m["activations"] + m["other"] == m["peak_allocated"]
+    assert m["peak_reserved"] >= m["peak_allocated"]
+    assert m["device_used"] >= m["peak_reserved"]
+    assert r.env["cuda_context"] > 0
+    assert r.throughput["tokens_per_s"] > 0
+
+
+def test_fused_and_sgd_on_cuda():
+    assert measure(optimizer="adamw-fused").model_states["optimizer"] == 8 * n_params() + 4 * 21
+    assert measure(optimizer="sgd").model_states["optimizer"] == 0
+
+
+@pytest.mark.skipif(not has_bitsandbytes(), reason="needs bitsandbytes")
+def test_qlora_on_cuda():
+    r = measure(peft="qlora", precision="bf16", checkpointing=True)
+    assert r.status == "ok", r.error
+    assert 0 < r.model["trainable_parameters"] < n_params() // 4
+    # Linear weights are packed 4-bit (uint8 storage, 2 values a byte); embeddings, norms and the head
+    # stay unquantized and are upcast to fp32 by prepare_model_for_kbit_training
+    assert r.model["loaded_parameters"] == n_params()
+    assert r.model_states["weights"] < 4 * n_params()
+
+
+@pytest.mark.skipif(not has_bitsandbytes(), reason="needs bitsandbytes")
+@pytest.mark.parametrize("opt", ["adamw-8bit", "paged-adamw-8bit"])
+def test_8bit_optimizers_on_cuda(opt):
+    r = measure(optimizer=opt)
+    assert r.status == "ok", r.error
+    # 2 bytes per parameter of 8-bit state (+ absmax, and 32-bit state for tensors < 4096 elements)
+    assert r.model_states["optimizer"] < 8 * n_params() / 2
+
+
+def test_memory_cap_gives_oom_on_cuda():
+    r = measure(memory_cap=8 * 2**20)
+    assert r.status == "oom" and r.oom["phase"]

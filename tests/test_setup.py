@@ -1,0 +1,73 @@
+import pytest
+
+from trainmem import ModelSpec, SetupError, TrainSetup, find_gpu
+from trainmem.cli.options import parse_bytes
+
+
+def test_defaults_mirror_the_seed():
+    s = TrainSetup()
+    assert (s.batch_size, s.grad_accum, s.seq_len, s.num_samples) == (4, 1, 256, 64)
+    assert (s.lora_r, s.lora_alpha, s.lora_dropout, s.optimizer) == (8, 32, 0.05, "adamw")
+    assert TrainSetup(batch_size=4, grad_accum=4).effective_batch == 16
+
+
+def test_all_problems_reported_at_once():
+    spec = ModelSpec.resolve("tiny-gpt-neox")
+    with pytest.raises(SetupError) as e:
+        TrainSetup(batch_size=0, grad_accum=0, seq_len=4096, peft="adapter", gpu="T5",
+                   optimizer="lion").validate(spec)
+    msg = str(e.value)
+    for needle in ("--batch-size: must be a whole number >= 1, got 0", "--grad-accum", "--peft: 'adapter'",
+                   "--gpu: unknown card 'T5'", "--optimizer: 'lion'",
+                   "--seq-len: 4096 is longer than tiny-gpt-neox's 512 positions; use --seq-len 512 or less"):
+        assert needle in msg
+    assert len(e.value.problems) == 6
+
+
+def test_contradictory_and_missing_data_flags(tmp_path):
+    problems = TrainSetup(lora_targets=["q_proj"], data_mode="pack").problems()
+    assert any("--lora-targets: given with --peft none" in p for p in problems)
+    assert any("--data-mode: only applies to --data" in p for p in problems)
+    problems = TrainSetup(data=str(tmp_path / "missing.txt")).problems()
+    assert problems == [f"--data: no such file {str(tmp_path / 'missing.txt')!r}"]
+    csv = tmp_path / "x.csv"
+    csv.write_text("a,b")
+    assert "must be a .txt" in TrainSetup(data=str(csv)).problems()[0]
+
+
+def test_data_needs_a_tokenizer(text_file):
+    problems = TrainSetup(data=str(text_file)).problems(ModelSpec.resolve("tiny-llama"))
+    assert any("has no tokenizer" in p and "local model folder" in p for p in problems)
+
+
+def test_gpu_catalog_and_cap():
+    t4 = find_gpu("t4")
+    assert t4 is find_gpu("T4") and t4.usable == t4.capacity - t4.context
+    assert find_gpu("a100_80gb").name == "A100-80GB"
+    assert TrainSetup(gpu="T4").cap_bytes() == t4.usable
+    assert TrainSetup(gpu="T4", memory_cap=1000).cap_bytes() == 1000
+
+
+def test_parse_bytes():
+    assert parse_bytes("12GiB") == 12 * 2**30
+    assert parse_bytes("300MB") == 300 * 10**6
+    assert parse_bytes("4096") == 4096
+    with pytest.raises(ValueError, match="not a size"):
+        parse_bytes("lots")
+
+
+def test_resolved_precision_follows_checkpoint_on_cuda():
+    s = TrainSetup()
+    assert s.resolved_precision(ModelSpec.resolve("polyglot-ko-1.3b"), "cuda") == "fp16"
+    assert s.resolved_precision(ModelSpec.resolve("llama-3.2-1b"), "cuda") == "bf16"
+    assert s.resolved_precision(ModelSpec.resolve("polyglot-ko-1.3b"), "cpu") == "fp32"
+
+
+def test_from_training_arguments(tmp_path):
+    from transformers import TrainingArguments
+
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4,
+                             gradient_accumulation_steps=4, gradient_checkpointing=True,
+                             learning_rate=3e-5, bf16=False, use_cpu=True)
+    s = TrainSetup.from_dict(__import__("trainmem").from_training_arguments(args).to_dict())
+    assert (s.batch_size, s.grad_accum, s.checkpointing, s.lr) == (4, 4, True, 3e-5)
