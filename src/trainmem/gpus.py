@@ -47,8 +47,8 @@ CATALOG: dict[str, GPU] = {g.name: g for g in [
     GPU("A100-40GB", _gib(39.39)),
     GPU("A100-80GB", _gib(79.15)),
     GPU("H100-80GB", _gib(79.11)),
-    # Measured on the H200 used for docs/ (2026-12-02): total_memory and context with torch 2.11.
-    GPU("H200", 150_110_011_392, context=_gib(0.52), source="measured here, see docs/run-chapter-h200.md"),
+    # Measured on the H200 used for docs/ (2026-12-02): total_memory and the CUDA context, torch 2.11.
+    GPU("H200", 150_109_880_320, context=552_402_944, source="measured, docs/run-chapter-h200.md"),
 ]}
 
 
