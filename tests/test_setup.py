@@ -71,3 +71,10 @@ def test_from_training_arguments(tmp_path):
                              learning_rate=3e-5, bf16=False, use_cpu=True)
     s = TrainSetup.from_dict(__import__("trainmem").from_training_arguments(args).to_dict())
     assert (s.batch_size, s.grad_accum, s.checkpointing, s.lr) == (4, 4, True, 3e-5)
+
+
+def test_lr_tuned_for_another_effective_batch_is_not_silently_reused():
+    assert TrainSetup(batch_size=4, grad_accum=4, lr=1e-4, lr_batch=16).lr_note() is None
+    note = TrainSetup(batch_size=4, grad_accum=2, lr=1e-4, lr_batch=16).lr_note()
+    assert "tuned for an effective batch of 16, this setup's is 8" in note and "--lr 5e-05" in note
+    assert "--lr-batch" in TrainSetup(lr_batch=0).problems()[0]

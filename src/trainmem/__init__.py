@@ -8,13 +8,15 @@
 """
 
 from .errors import SetupError
+from .estimate import Breakdown, estimate
 from .experiment import gpu_memory_experiment
 from .gpus import CATALOG as GPUS, GPU, find_gpu
 from .result import Result
 from .runner import run
 from .setup import TrainSetup, from_training_arguments
 from .specs import PRESETS, ModelSpec
+from .verify import verify_accumulation
 
 __version__ = "0.1.0"
-__all__ = ["ModelSpec", "TrainSetup", "Result", "SetupError", "run", "gpu_memory_experiment",
-           "from_training_arguments", "GPU", "GPUS", "find_gpu", "PRESETS"]
+__all__ = ["ModelSpec", "TrainSetup", "Result", "SetupError", "run", "estimate", "Breakdown", "gpu_memory_experiment",
+           "from_training_arguments", "GPU", "GPUS", "find_gpu", "PRESETS", "verify_accumulation"]

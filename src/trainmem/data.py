@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -96,10 +96,12 @@ def micro_batches(dataset: list[Sample], batch_size: int, pad_id: int = 0) -> li
     return [collate(dataset[i:i + batch_size], pad_id) for i in range(0, len(dataset), batch_size)]
 
 
-def endless(batches: list[Sample]) -> Iterator[tuple[int, Sample]]:
-    """(epoch, micro-batch) forever, so `--steps` can exceed one epoch."""
-    epoch = 0
-    while True:
-        for b in batches:
-            yield epoch, b
-        epoch += 1
+def load_dataset(spec: Any, setup: Any) -> tuple[list[Sample], int]:
+    """(samples, pad id) for the setup: the seed's dummy data or a tokenized local file."""
+    if setup.data is None:
+        return dummy_dataset(setup.num_samples, setup.seq_len, spec.vocab_size, setup.labels, setup.seed), 0
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(spec.path)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    return text_dataset(setup.data, tok, setup.seq_len, setup.data_mode), pad

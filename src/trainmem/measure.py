@@ -52,10 +52,12 @@ def _unique_bytes(tensors: Iterable[torch.Tensor]) -> int:
     seen: set[tuple[int, int]] = set()
     total = 0
     for t in tensors:
-        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+        if not isinstance(t, torch.Tensor):
             continue
         st = t.untyped_storage()
-        key = (st.data_ptr(), st.nbytes())
+        # Meta storages (the estimator's simulation) all have address 0: tell them apart by identity,
+        # which PyTorch keeps stable for a live storage.
+        key = (st.data_ptr() or id(st), st.nbytes())
         if key not in seen:
             seen.add(key)
             total += st.nbytes()
@@ -136,7 +138,7 @@ class TensorLedger(TorchDispatchMode):
         self._cached_state = None
 
     def _register(self, t: torch.Tensor, tag: str, check_cap: bool = True) -> None:
-        if t.device.type == "meta" or t.is_sparse:
+        if t.is_sparse:
             return
         try:
             st = t.untyped_storage()

@@ -29,9 +29,12 @@ def result_tables(r: Result, phases: bool = False) -> list[Any]:
              f"(effective {r.effective_batch}), seq {s['seq_len']}, {s['peft']}, {s['precision']}, "
              f"{s['optimizer']}{', checkpointing' if s['checkpointing'] else ''}  on {r.env.get('gpu') or s['device']}")
     out: list[Any] = [f"[bold]{title}[/bold]"]
-    status = {"ok": "[green]ok[/green]", "oom": "[red]out of memory[/red]", "error": "[red]error[/red]"}[r.status]
-    cap = f"  (memory capped to {s['gpu']})" if s.get("gpu") else ""
-    out.append(f"status: {status}{cap}   steps done: {r.steps_done}/{s['steps']}")
+    if r.kind == "estimate":
+        out.append(f"estimate ({r.method} method) for one CUDA GPU; the peak is in the {r.peak_phase}")
+    else:
+        status = {"ok": "[green]ok[/green]", "oom": "[red]out of memory[/red]", "error": "[red]error[/red]"}[r.status]
+        cap = f"  (memory capped to {s['gpu']})" if s.get("gpu") else ""
+        out.append(f"status: {status}{cap}   steps done: {r.steps_done}/{s['steps']}   peak in {r.peak_phase}")
     mem = Table(title="Memory at the peak (parts add up to peak allocated)", show_edge=False)
     mem.add_column("part")
     mem.add_column("bytes", justify="right")
@@ -41,7 +44,7 @@ def result_tables(r: Result, phases: bool = False) -> list[Any]:
         mem.add_row(label, f"{m[key]:,}", size(m[key]))
     mem.add_row("[bold]peak allocated[/bold]", f"{m['peak_allocated']:,}", size(m["peak_allocated"]))
     mem.add_row("peak reserved (allocator)", f"{m['peak_reserved']:,}", size(m["peak_reserved"]))
-    dev_label = "device used (cudaMemGetInfo)" if s["device"] == "cuda" else "process peak RSS"
+    dev_label = "device used (context + reserved)" if s["device"] == "cuda" else "process peak RSS"
     mem.add_row(dev_label, f"{m['device_used']:,}", size(m["device_used"]))
     out.append(mem)
     ms = r.model_states
@@ -51,6 +54,11 @@ def result_tables(r: Result, phases: bool = False) -> list[Any]:
     if tp.get("tokens_per_s"):
         out.append(f"throughput: {tp['tokens_per_s']:,.0f} tokens/s, {tp['step_time_s'] * 1000:.1f} ms/step "
                    f"over {tp['timed_steps']} unprobed step(s)")
+    if r.verdict:
+        v = r.verdict
+        word = "[green]fits[/green]" if v["fits"] else "[red]does not fit[/red]"
+        out.append(f"{v['gpu']}: {word}, headroom {size(v['headroom'])} (reserved + context vs capacity, "
+                   f"{v['margin']:.0%} margin); cut first: {v['advice']}")
     if r.oom:
         req = r.oom.get("tried_to_allocate")
         out.append(f"[red]OOM[/red] in phase [bold]{r.oom['phase']}[/bold]: tried to allocate {size(req)}, "

@@ -45,6 +45,12 @@ class Result:
     """For status `oom`: the phase, the bytes it tried to allocate, the peak reached."""
     error: str | None = None
     notes: list[str] = field(default_factory=list)
+    method: str | None = None
+    """For estimates: `analytic` or `simulate`."""
+    terms: dict[str, int] = field(default_factory=dict)
+    """For estimates: the named terms behind the breakdown."""
+    verdict: dict[str, Any] | None = None
+    """For estimates with a card: fits, headroom in bytes, the component to cut first."""
     schema: str = SCHEMA
 
     def to_dict(self) -> dict[str, Any]:

@@ -52,25 +52,12 @@ def environment(device: str, reader: Any = None) -> dict[str, Any]:
     return env
 
 
-def _dataset(spec: ModelSpec, setup: TrainSetup) -> tuple[list, int]:
-    """(samples, pad id) for the setup: the seed's dummy data or a tokenized local file."""
-    from .data import dummy_dataset, text_dataset
-
-    if setup.data is None:
-        return dummy_dataset(setup.num_samples, setup.seq_len, spec.vocab_size, setup.labels, setup.seed), 0
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(spec.path)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    return text_dataset(setup.data, tok, setup.seq_len, setup.data_mode), pad
-
-
 def execute(spec: ModelSpec, setup: TrainSetup) -> Result:
     """Run the experiment here and now. Raises SetupError for bad input, returns a Result otherwise."""
     import torch
 
     from .build import build_model, build_optimizer, environment_problems, trainable_parameters
-    from .data import micro_batches
+    from .data import load_dataset, micro_batches
     from .measure import CudaReader, LedgerReader, StateBytes, TensorLedger, requested_bytes, state_bytes
     from .train import Probe, TrainLog, train
 
@@ -79,7 +66,7 @@ def execute(spec: ModelSpec, setup: TrainSetup) -> Result:
     problems = setup.problems(spec) + environment_problems(setup, device, precision)
     if problems:
         raise SetupError(problems)
-    samples, pad_id = _dataset(spec, setup)
+    samples, pad_id = load_dataset(spec, setup)
     batches = micro_batches(samples, setup.batch_size, pad_id)
 
     dev = torch.device("cuda:0" if device == "cuda" else "cpu")
@@ -129,6 +116,10 @@ def execute(spec: ModelSpec, setup: TrainSetup) -> Result:
     result.throughput = log.throughput()
     result.memory = _memory(probe, ledger, device)
     result.peak_phase = ledger.peak_phase
+    if setup.lr_note():
+        result.notes.append(setup.lr_note())
+    if result.status == "ok" and setup.steps <= 2:
+        result.notes.append("throughput includes the probed steps (ledger overhead); use --steps 3 or more")
     if result.status == "ok" and any(l != l for l in log.losses):
         result.notes.append("loss became NaN/inf (pure fp16 training overflows easily); memory is unaffected")
     held.clear()

@@ -47,6 +47,9 @@ class TrainSetup:
     fp16/bf16 = half weights, no autocast; amp-* = fp32 weights under autocast (GradScaler for fp16)."""
     optimizer: str = "adamw"
     lr: float = 1e-4
+    lr_batch: int | None = None
+    """The effective batch `lr` was tuned for. When it differs from this setup's effective batch the run
+    says so and suggests the linearly scaled rate, instead of silently reusing `lr`."""
     attention: str = "sdpa"
     steps: int = 3
     """Optimizer steps. Adam states exist only after step 1, so step 2 is the first steady one."""
@@ -70,6 +73,14 @@ class TrainSetup:
     def effective_batch(self) -> int:
         """Samples per optimizer step on one device: micro-batch x accumulation."""
         return self.batch_size * self.grad_accum
+
+    def lr_note(self) -> str | None:
+        """A warning when `lr` was tuned for another effective batch (linear scaling, Goyal et al. 2017)."""
+        if self.lr_batch is None or self.lr_batch == self.effective_batch:
+            return None
+        scaled = self.lr * self.effective_batch / self.lr_batch
+        return (f"--lr {self.lr:g} was tuned for an effective batch of {self.lr_batch}, this setup's is "
+                f"{self.effective_batch}; the linear scaling rule suggests --lr {scaled:.3g}")
 
     def resolved_device(self) -> str:
         if self.device != "auto":
@@ -124,6 +135,8 @@ class TrainSetup:
             out.append(f"--lora-dropout: must be in [0, 1), got {self.lora_dropout}")
         if self.lr <= 0:
             out.append(f"--lr: must be > 0, got {self.lr}")
+        if self.lr_batch is not None and (not isinstance(self.lr_batch, int) or self.lr_batch < 1):
+            out.append(f"--lr-batch: must be a whole number >= 1, got {self.lr_batch!r}")
         choice("peft", self.peft, PEFTS)
         choice("precision", self.precision, PRECISIONS)
         choice("optimizer", self.optimizer, OPTIMIZERS)

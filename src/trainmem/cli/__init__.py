@@ -8,9 +8,11 @@ import sys
 from rich.console import Console
 
 from ..errors import SetupError
+from . import estimate as estimate_cmd
 from . import run as run_cmd
+from . import verify as verify_cmd
 
-COMMANDS = {"run": run_cmd}
+COMMANDS = {"run": run_cmd, "estimate": estimate_cmd, "verify-accumulation": verify_cmd}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,6 +31,7 @@ SETUP_FLAGS: dict[str, tuple[str, str, str]] = {
     "--precision": ("precision", "str", f"{'|'.join(PRECISIONS)} (default auto: checkpoint dtype on CUDA, fp32 on CPU)"),
     "--optimizer": ("optimizer", "str", f"{'|'.join(OPTIMIZERS)} (default adamw)"),
     "--lr": ("lr", "float", "learning rate (default 1e-4)"),
+    "--lr-batch": ("lr_batch", "int", "the effective batch --lr was tuned for (warns when this setup's differs)"),
     "--attention": ("attention", "str", f"{'|'.join(ATTENTIONS)} (default sdpa)"),
     "--steps": ("steps", "int", "optimizer steps (default 3; step 2 is the first steady one)"),
     "--labels": ("labels", "str", "dummy labels: random (the seed) | copy"),

@@ -1,0 +1,7 @@
+"""`python -m trainmem.cli`: the same as the `trainmem` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

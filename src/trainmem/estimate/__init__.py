@@ -1,0 +1,130 @@
+"""Predict the memory of a fine-tuning setup on a CUDA GPU, with no GPU.
+
+    >>> import trainmem
+    >>> b = trainmem.estimate("polyglot-ko-1.3b", trainmem.TrainSetup(batch_size=4, precision="fp16"))
+    >>> b.fits("T4"), b.peak_phase
+    (True, 'optimizer step')
+
+Two methods, the same breakdown (`memory` keys of a measurement):
+- `analytic`: closed-form terms (see `analytic.py`, `states.py`), milliseconds per setup once the
+  model's parameter inventory is built;
+- `simulate`: the real model's step on the meta device under trainmem's tensor ledger (`simulate.py`).
+`auto` takes simulate where it models the setup and analytic otherwise (autocast, QLoRA, 8-bit).
+"""
+
+from __future__ import annotations
+
+from ..setup import TrainSetup
+from ..specs import ModelSpec
+from . import analytic, runtime, states
+from .breakdown import ADVICE, Breakdown
+from .simulate import UNSUPPORTED, simulate_step, supports
+
+METHODS = ("auto", "analytic", "simulate")
+
+
+def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str = "auto") -> Breakdown:
+    """The memory breakdown of `setup` on one CUDA GPU. Raises SetupError for bad input."""
+    from ..errors import SetupError
+
+    spec = ModelSpec.resolve(spec) if isinstance(spec, str) else spec
+    setup = (setup or TrainSetup()).validate(spec)
+    if method not in METHODS:
+        raise SetupError([f"--method: {method!r} is not one of {', '.join(METHODS)}"])
+    precision = setup.resolved_precision(spec, "cuda")
+    notes: list[str] = []
+    if method == "simulate" and not supports(setup, precision):
+        notes.append(f"{UNSUPPORTED}: used the analytic method instead")
+        method = "analytic"
+    if method == "auto":
+        method = "simulate" if supports(setup, precision) else "analytic"
+    if setup.data is not None:
+        notes.append(f"--data: estimated as full {setup.seq_len}-token rows (an upper bound for padded text)")
+    if setup.lr_note():
+        notes.append(setup.lr_note())
+    if setup.optimizer == "paged-adamw-8bit":
+        notes.append("paged optimizer states live in CUDA managed memory: outside peak_allocated, inside device_used")
+    resolved = setup.replace(device="cuda", precision=precision)
+    inv = states.inventory(spec, setup, precision)
+    model_states = {"weights": states.weights(inv), "gradients": states.gradients(inv),
+                    "optimizer": states.optimizer(inv, setup.optimizer)}
+    trainable = sum(p.numel for p in inv.params if p.trainable)
+    model = {**spec.describe(), "trainable_parameters": trainable}
+    if method == "analytic":
+        try:
+            analytic.Traits.of(inv.model)
+        except ValueError as e:
+            if not supports(setup, precision):
+                raise SetupError([f"--method: the analytic method does not know {spec.name}'s modules ({e}) "
+                                  f"and {UNSUPPORTED}"]) from None
+            notes.append(f"the analytic method does not know {spec.name}'s modules ({e}): simulated instead")
+            method = "simulate"
+    if method == "simulate":
+        memory, phase, terms = _simulate(spec, setup, precision)
+    else:
+        memory, phase, terms = _analytic(inv, setup, precision, model_states)
+    if setup.optimizer == "paged-adamw-8bit":
+        memory["peak_allocated"] -= memory["optimizer"]
+        memory["optimizer"] = 0
+    memory["peak_reserved"] = int(memory["peak_allocated"] * runtime.RESERVED_OVER_ALLOCATED)
+    paged = model_states["optimizer"] if setup.optimizer == "paged-adamw-8bit" else 0
+    memory["device_used"] = memory["peak_reserved"] + runtime.DEVICE_OVERHEAD + paged
+    return Breakdown(method, memory, model_states, phase, resolved.to_dict(), model, runtime.DEVICE_OVERHEAD,
+                     terms, tuple(notes))
+
+
+def _analytic(inv: states.Inventory, setup: TrainSetup, precision: str,
+              ms: dict[str, int]) -> tuple[dict[str, int], str, dict[str, int]]:
+    t = analytic.Traits.of(inv.model)
+    # matmul outputs are half under fp16/bf16/autocast; under QLoRA bitsandbytes casts each 4-bit Linear's
+    # output back to its input's dtype, fp32, because peft upcasts the embeddings and norms
+    e = 2 if precision in ("fp16", "bf16", "amp-bf16", "amp-fp16") and setup.peft != "qlora" else 4
+    # the residual stream runs in fp32 under autocast over fp32 weights and under QLoRA
+    r = 4 if (precision.startswith("amp") or setup.peft == "qlora" or e == 4) else 2
+    acts = analytic.activations(t, setup.batch_size, setup.seq_len, e, r, setup.checkpointing,
+                                setup.attention == "eager", _lora_inputs(inv, setup, t.layers),
+                                frozen=setup.peft != "none")
+    terms = dict(acts.terms)
+    saved = acts.saved
+    if precision.startswith("amp"):
+        # autocast's half copies of every matmul weight are saved for backward (2 bytes a parameter)
+        terms["autocast_weight_copies"] = 2 * sum(p.numel for p in inv.params if len(p.shape) == 2)
+        saved += terms["autocast_weight_copies"]
+    w, g, o = ms["weights"], ms["gradients"], ms["optimizer"]
+    g_resident = g if setup.grad_accum > 1 else 0
+    fwd_bwd = w + o + g_resident + saved + acts.backward_transient
+    step_temp = g if setup.optimizer == "adamw" else 0  # foreach AdamW: one copy of the gradients' size
+    terms["optimizer_step_temporaries"] = step_temp
+    terms["cublas_workspace"] = runtime.CUBLAS_WORKSPACE
+    step = w + g + o + step_temp
+    if fwd_bwd >= step:
+        memory = {"weights": w, "gradients": g_resident, "optimizer": o, "activations": saved,
+                  "other": acts.backward_transient + runtime.CUBLAS_WORKSPACE}
+        phase = "forward/backward"
+    else:
+        memory = {"weights": w, "gradients": g, "optimizer": o, "activations": 0,
+                  "other": step_temp + runtime.CUBLAS_WORKSPACE}
+        phase = "optimizer step"
+    memory["peak_allocated"] = sum(memory.values())
+    return memory, phase, terms
+
+
+def _lora_inputs(inv: states.Inventory, setup: TrainSetup, layers: int) -> int:
+    """Input features of the LoRA-adapted Linears of one layer (each keeps an fp32 dropout copy)."""
+    if setup.peft not in ("lora", "qlora"):
+        return 0
+    widths = sum(p.shape[1] for p in inv.params if "lora_A" in p.name and len(p.shape) == 2)
+    return widths // layers
+
+
+def _simulate(spec: ModelSpec, setup: TrainSetup, precision: str) -> tuple[dict[str, int], str, dict[str, int]]:
+    model = states.meta_model(spec, setup, precision)
+    ledger, _ = simulate_step(model, setup)
+    memory = dict(ledger.peak_split)
+    memory["other"] += runtime.CUBLAS_WORKSPACE
+    memory["peak_allocated"] = ledger.peak + runtime.CUBLAS_WORKSPACE
+    phase = "optimizer step" if ledger.peak_phase.endswith("optimizer") else "forward/backward"
+    return memory, phase, {"simulated_peak": ledger.peak, "cublas_workspace": runtime.CUBLAS_WORKSPACE}
+
+
+__all__ = ["estimate", "Breakdown", "METHODS", "ADVICE"]

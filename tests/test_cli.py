@@ -1,0 +1,55 @@
+"""The real `trainmem run` command on a tiny preset on the CPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+CLI = [sys.executable, "-m", "trainmem.cli"]
+TINY = ["--model", "tiny-gpt-neox", "--batch-size", "2", "--seq-len", "32", "--steps", "2", "--num-samples", "8"]
+
+
+def test_run_json_and_out_file(tmp_path):
+    out = tmp_path / "results.jsonl"
+    for _ in range(2):
+        p = subprocess.run(CLI + ["run", *TINY, "--json", "--out", str(out)], capture_output=True, text=True, check=True)
+    row = json.loads(p.stdout)
+    assert row["schema"] == "trainmem.result/1" and row["status"] == "ok" and row["kind"] == "measurement"
+    assert set(row["memory"]) == {"weights", "gradients", "optimizer", "activations", "other",
+                                  "peak_allocated", "peak_reserved", "device_used"}
+    assert row["setup"]["device"] == "cpu" and row["setup"]["precision"] == "fp32"
+    assert row["env"]["torch"] and row["throughput"]["timed_steps"] == 2
+    assert any("throughput includes the probed steps" in n for n in row["notes"])
+    assert len(out.read_text().splitlines()) == 2
+
+
+def test_run_prints_the_breakdown_table():
+    p = subprocess.run(CLI + ["run", *TINY, "--phases"], capture_output=True, text=True, check=True)
+    assert "Memory at the peak" in p.stdout and "step2.optimizer" in p.stdout and "status: ok" in p.stdout
+
+
+def test_yaml_config_with_flag_override(tmp_path):
+    cfg = tmp_path / "setup.yaml"
+    cfg.write_text("model: tiny-llama\nbatch_size: 3\nseq_len: 16\nsteps: 2\nnum_samples: 6\npeft: lora\n")
+    p = subprocess.run(CLI + ["run", "--config", str(cfg), "--batch-size", "2", "--json"],
+                       capture_output=True, text=True, check=True)
+    row = json.loads(p.stdout)
+    assert row["model"]["name"] == "tiny-llama" and row["setup"]["peft"] == "lora"
+    assert row["setup"]["batch_size"] == 2 and row["setup"]["seq_len"] == 16
+
+
+def test_bad_flags_are_reported_together(tmp_path):
+    p = subprocess.run(CLI + ["run", "--batch-size", "x", "--grad-accum", "0", "--gpu", "T5", "--memory-cap", "lots",
+                              "--data", str(tmp_path / "none.txt")], capture_output=True, text=True)
+    assert p.returncode == 2 and p.stdout == ""
+    for needle in ("--batch-size: expected a whole number, got 'x'", "--grad-accum: must be a whole number >= 1",
+                   "--gpu: unknown card 'T5'", "--memory-cap: 'lots' is not a size", "--data: no such file"):
+        assert needle in p.stderr, p.stderr
+
+
+def test_oom_under_a_cap_is_a_result_not_a_traceback():
+    p = subprocess.run(CLI + ["run", *TINY, "--memory-cap", "2MiB", "--json"], capture_output=True, text=True)
+    assert p.returncode == 0 and "Traceback" not in p.stderr
+    row = json.loads(p.stdout)
+    assert row["status"] == "oom" and row["oom"]["tried_to_allocate"] > 0

@@ -1,0 +1,96 @@
+"""The estimator: exact model states, hand-computed analytic terms, and the two methods agreeing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from trainmem import ModelSpec, SetupError, TrainSetup, estimate
+from trainmem.estimate import analytic, states
+from trainmem.runner import execute
+
+TINY = dict(batch_size=2, seq_len=32, steps=2, num_samples=8, device="cpu")
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(peft="lora"), dict(optimizer="sgd"), dict(optimizer="adafactor"),
+                                dict(precision="bf16")])
+def test_model_states_equal_a_real_run(kw):
+    spec = ModelSpec.resolve("tiny-llama")
+    setup = TrainSetup(**TINY, **kw)
+    measured = execute(spec, setup).model_states
+    b = estimate(spec, setup.replace(precision=setup.resolved_precision(spec, "cpu")), "analytic")
+    assert b.model_states == measured
+
+
+def test_quantized_bytes_by_hand():
+    # 4096 values: 2048 packed bytes, 64 uint8 absmax, 1 fp32 nested absmax, 1 KiB nested code, 64 B NF4 code
+    assert states.quantized_bytes(4096) == 2048 + 64 + 4 + 1024 + 64
+
+
+def test_layer_term_by_hand_llama_and_neox():
+    llama = analytic.Traits.of(states.meta_model(ModelSpec.resolve("tiny-llama"), TrainSetup(), "bf16"))
+    assert (llama.hidden, llama.ffn, llama.heads, llama.kv_width, llama.norm, llama.gated_mlp) == (64, 176, 4, 32, "rms", True)
+    T = 2 * 32
+    norms = 2 * ((4 + 2 + 2) * 64 * T + 4 * T)
+    qkv = 2 * (64 + 2 * 32) * T
+    attn_out = 2 * 2 * 64 * T
+    lse = 4 * 4 * T
+    mlp = 4 * 2 * 176 * T
+    assert analytic.layer_saved(llama, T, 32, e=2, r=2, eager=False) == norms + qkv + attn_out + lse + mlp
+    neox = analytic.Traits.of(states.meta_model(ModelSpec.resolve("tiny-gpt-neox"), TrainSetup(), "bf16"))
+    assert neox.fused_qkv and neox.parallel_residual and neox.rotary and neox.norm == "layer"
+    expected = ((2 + 2 * 2) * 64 * T + 16 * T) + (2 * 192 * T + 2 * 128 * T) + 2 * 2 * 64 * T + 4 * 4 * T + 2 * 2 * 256 * T
+    assert analytic.layer_saved(neox, T, 32, e=2, r=2, eager=False) == expected
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt-neox", "tiny-llama", "tiny-qwen2"])
+@pytest.mark.parametrize("kw", [dict(batch_size=8, seq_len=256), dict(batch_size=8, seq_len=256, peft="lora"),
+                                dict(batch_size=8, seq_len=256, checkpointing=True)])
+def test_analytic_and_simulate_agree_on_tiny_models(name, kw):
+    spec = ModelSpec.resolve(name)
+    setup = TrainSetup(precision="bf16", **kw)
+    a, s = estimate(spec, setup, "analytic"), estimate(spec, setup, "simulate")
+    assert a.model_states == s.model_states
+    assert abs(a.peak - s.peak) / s.peak < 0.05, (a.memory, s.memory)
+
+
+def test_breakdown_adds_up_and_verdict():
+    spec = ModelSpec.resolve("polyglot-ko-1.3b")
+    big = estimate(spec, TrainSetup(batch_size=16, precision="fp16"), "analytic")
+    m = big.memory
+    assert m["weights"] + m["gradients"] + m["optimizer"] + m["activations"] + m["other"] == m["peak_allocated"]
+    assert m["device_used"] > m["peak_reserved"] > m["peak_allocated"]
+    v = big.verdict("T4")
+    assert v["fits"] is False and v["headroom"] < 0 and v["cut_first"] == "activations"
+    assert big.fits("A100-80GB")
+    small = estimate(spec, TrainSetup(batch_size=4, precision="fp16"), "analytic")
+    assert small.peak_phase == "optimizer step" and small.memory["activations"] == 0
+
+
+def test_methods_and_fallbacks():
+    spec = ModelSpec.resolve("tiny-llama")
+    b = estimate(spec, TrainSetup(precision="amp-bf16"), "simulate")
+    assert b.method == "analytic" and "autocast" in b.notes[0]
+    assert estimate(spec, TrainSetup(precision="bf16")).method == "simulate"
+    with pytest.raises(SetupError, match="--method: 'guess'"):
+        estimate(spec, TrainSetup(), "guess")
+    with pytest.raises(SetupError, match="--batch-size"):
+        estimate(spec, TrainSetup(batch_size=0))
+
+
+def test_estimate_cli_json_and_errors():
+    cmd = [sys.executable, "-m", "trainmem.cli", "estimate", "--model", "polyglot-ko-1.3b", "--precision", "fp16",
+           "--batch-size", "16", "--gpu", "T4", "--method", "analytic", "--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    row = json.loads(out.stdout)
+    assert row["kind"] == "estimate" and row["method"] == "analytic" and row["schema"] == "trainmem.result/1"
+    assert set(row["memory"]) >= {"weights", "gradients", "optimizer", "activations", "other",
+                                  "peak_allocated", "peak_reserved", "device_used"}
+    assert row["verdict"]["gpu"] == "T4" and row["verdict"]["fits"] is False
+    bad = subprocess.run([sys.executable, "-m", "trainmem.cli", "estimate", "--batch-size", "x", "--peft", "dora"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert "--batch-size: expected a whole number, got 'x'" in bad.stderr and "--peft: 'dora'" in bad.stderr
