@@ -51,13 +51,14 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--precision", default="bf16")
+    ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.bare:
         print(json.dumps({"tokens_per_s": bare(args.model, args.batch_size, args.steps, args.precision)}))
         return 0
     out = {}
-    for repeat in range(2):  # alternate the two to spread any drift of clocks or temperature
+    for _ in range(args.repeats):  # alternate the two to spread any drift of clocks or temperature
         proc = subprocess.run([sys.executable, __file__, args.out, "--bare", "--model", args.model,
                                "--batch-size", str(args.batch_size), "--steps", str(args.steps),
                                "--precision", args.precision], capture_output=True, text=True, check=True)
@@ -65,9 +66,11 @@ def main() -> int:
         r = trainmem.run(trainmem.ModelSpec.resolve(args.model),
                          trainmem.TrainSetup(batch_size=args.batch_size, steps=args.steps, precision=args.precision))
         out.setdefault("trainmem", []).append(r.throughput["tokens_per_s"])
-    bare_tps, ours = max(out["bare"]), max(out["trainmem"])
+    import statistics
+
     out.update(model=args.model, batch_size=args.batch_size, steps=args.steps, precision=args.precision,
-               ratio=ours / bare_tps, env=r.env)
+               ratio_of_medians=statistics.median(out["trainmem"]) / statistics.median(out["bare"]),
+               ratio_of_best=max(out["trainmem"]) / max(out["bare"]), env=r.env)
     print(json.dumps(out, indent=1))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "overhead.json"), "w") as f:

@@ -12,7 +12,6 @@ the row's notes (expected: only the 64 MiB of cuBLAS workspaces a process keeps)
 from __future__ import annotations
 
 import gc
-import json
 import os
 import sys
 import time

@@ -234,20 +234,14 @@ class ModelSpec:
         return CONFIG_MAPPING[self.model_type](**fields)
 
     @cached_property
-    def _counts(self) -> tuple[int, int]:
+    def parameter_count(self) -> int:
+        """Parameters as `model.parameters()` counts them (tied embeddings once), from a meta-device model."""
         import torch
         from transformers import AutoModelForCausalLM
 
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(self.hf_config())
-        params = sum(p.numel() for p in model.parameters())
-        embed = model.get_input_embeddings().weight.numel()
-        return params, embed
-
-    @property
-    def parameter_count(self) -> int:
-        """Parameters as `model.parameters()` counts them (tied embeddings once)."""
-        return self._counts[0]
+        return sum(p.numel() for p in model.parameters())
 
     @property
     def max_positions(self) -> int | None:

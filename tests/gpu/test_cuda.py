@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from trainmem import ModelSpec, TrainSetup
 from trainmem.build import has_bitsandbytes

@@ -103,7 +103,7 @@ def setup_from_args(args: argparse.Namespace) -> tuple[ModelSpec, TrainSetup]:
         except (OSError, ValueError, yaml.YAMLError) as e:
             problems.append(f"--config: cannot read {args.config!r}: {e}")
     by_field = {name: (flag, kind) for flag, (name, kind, _) in SETUP_FLAGS.items()}
-    for flag, (name, kind, _) in SETUP_FLAGS.items():
+    for name, _, _ in SETUP_FLAGS.values():
         given = getattr(args, name, None)
         if given is not None:
             values[name] = given
