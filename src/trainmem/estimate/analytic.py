@@ -97,8 +97,17 @@ def layer_saved(t: Traits, tokens: int, seq: int, e: int, r: int, eager: bool, l
     else:
         qkv = e * (h + 2 * hkv) * T  # rotated Q, K and V, saved by SDPA
     attn_out = (1 if frozen else 2) * e * h * T  # SDPA output (+ its copy saved by a trainable o_proj)
-    lse = 4 * t.heads * T  # fp32 log-sum-exp per head and token (flash / memory-efficient kernels)
-    scores = (4 + e) * t.heads * seq * T if eager else 0  # fp32 softmax output + its cast for P @ V
+    # CUDA runs flash in half precision and the memory-efficient kernel in fp32, except with grouped KV
+    # heads, which it does not take: fp32 + GQA falls back to the math path, which keeps the attention
+    # matrix and K, V expanded to all heads
+    math_path = not eager and e == 4 and hkv < h
+    lse = 0 if math_path else 4 * t.heads * T  # fp32 log-sum-exp per head and token (fused kernels)
+    if eager:
+        scores = (4 + e) * t.heads * seq * T  # fp32 softmax output + its cast for P @ V
+    elif math_path:
+        scores = e * t.heads * seq * T + 2 * e * (h - hkv) * T
+    else:
+        scores = 0
     if t.gated_mlp:
         mlp = (3 if frozen else 4) * e * i * T  # gate, SiLU(gate), up (+ their product for a trainable down)
     else:

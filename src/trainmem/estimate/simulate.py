@@ -4,7 +4,8 @@ is counted with no storage and no GPU.
 
 CUDA-specific choices are modelled explicitly, because the meta device would otherwise take CPU paths:
 - SDPA: a stand-in with the flash / memory-efficient kernels' memory (saves q, k, v, output and an fp32
-  log-sum-exp; backward allocates the input gradients) instead of the math path's attention matrix;
+  log-sum-exp; backward allocates the input gradients) instead of the math path's attention matrix,
+  except for fp32 with grouped KV heads, which CUDA also runs on the math path;
 - dropout keeps a 1-byte mask, as CUDA's fused kernel does (the CPU decomposition keeps a float mask);
 - AdamW runs with `foreach=True`, the CUDA default, whose temporaries are part of the step peak.
 Not modelled (the analytic method handles them): autocast (meta tensors take no autocast path) and
@@ -65,7 +66,14 @@ def _dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bo
     return _CudaDropout.apply(x) if training and p > 0 else x
 
 
+_MATH_SDPA = torch.nn.functional.scaled_dot_product_attention
+
+
 def _flash_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    # CUDA's fused kernels: flash for half precision; memory-efficient for fp32, which does not take
+    # grouped KV heads, so fp32 with GQA falls back to the math path (its attention matrix is saved)
+    if query.dtype == torch.float32 and kwargs.get("enable_gqa") and key.shape[-3] != query.shape[-3]:
+        return _MATH_SDPA(query, key, value, *args, **kwargs)
     return _FlashSDPA.apply(query, key, value)
 
 
