@@ -17,8 +17,8 @@ import sys
 import time
 
 import trainmem
-from trainmem.estimate import estimate
-from trainmem.estimate.simulate import supports
+from trainmem.estimator import estimate
+from trainmem.estimator.simulate import supports
 
 GiB = 2**30
 

@@ -9,7 +9,7 @@ import resource
 import time
 
 import trainmem
-from trainmem.estimate import estimate
+from trainmem.estimator import estimate
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from trainmem import ModelSpec, SetupError, TrainSetup, estimate
-from trainmem.estimate import analytic, states
+from trainmem.estimator import analytic, states
 from trainmem.runner import execute
 
 TINY = dict(batch_size=2, seq_len=32, steps=2, num_samples=8, device="cpu")
@@ -94,3 +94,32 @@ def test_estimate_cli_json_and_errors():
                          capture_output=True, text=True)
     assert bad.returncode == 2
     assert "--batch-size: expected a whole number, got 'x'" in bad.stderr and "--peft: 'dora'" in bad.stderr
+
+
+def test_zero_paper_example_per_gpu_states():
+    """ZeRO paper, Figure 1: 7.5B parameters, 64 GPUs, mixed-precision Adam (2 + 2 + 12 bytes)."""
+    from trainmem.estimator.sharding import rank_states
+
+    psi, n = 7_500_000_000, 64
+    expected = {"none": 120e9, "zero1": 31.4e9, "zero2": 16.6e9, "zero3": 1.9e9}
+    for shard, gb in expected.items():
+        r = rank_states(2 * psi, 2 * psi, 12 * psi, psi, True, n if shard != "none" else 1, shard, "none", 0, False)
+        assert abs((r.weights + r.gradients + r.optimizer) - gb) / gb < 0.02, shard
+
+
+def test_sharded_estimates_shrink_with_more_gpus_and_runs_say_not_yet():
+    spec = ModelSpec.resolve("llama-3.1-8b")
+    peaks = [estimate(spec, TrainSetup(batch_size=1, precision="bf16", gpus=n, shard="zero3")).peak
+             for n in (2, 4, 8)]
+    assert peaks[0] > peaks[1] > peaks[2]
+    z2 = estimate(spec, TrainSetup(batch_size=1, precision="bf16", gpus=8, shard="zero2"))
+    assert z2.method == "analytic" and z2.memory["optimizer"] == 12 * spec.parameter_count // 8
+    assert z2.to_result().effective_batch == 8
+    off = estimate(spec, TrainSetup(batch_size=1, precision="bf16", gpus=8, shard="zero3", offload="optimizer"))
+    assert off.memory["optimizer"] == 0
+    with pytest.raises(SetupError, match="--gpus 4: say how states are spread"):
+        estimate(spec, TrainSetup(gpus=4))
+    with pytest.raises(SetupError, match="--offload params: only ZeRO-3 and FSDP"):
+        estimate(spec, TrainSetup(gpus=4, shard="zero2", offload="params"))
+    with pytest.raises(SetupError, match="multi-GPU runs are not built yet"):
+        execute(ModelSpec.resolve("tiny-llama"), TrainSetup(gpus=2, shard="ddp", **{k: v for k, v in TINY.items()}))

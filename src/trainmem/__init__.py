@@ -5,10 +5,14 @@
     >>> result = trainmem.run(spec, trainmem.TrainSetup(batch_size=2, seq_len=32))
     >>> result.status, result.memory["peak_allocated"] > 0
     ('ok', True)
+
+`estimate` and `Breakdown` load on first use (PEP 562), because the estimator imports torch and
+torch-free parts such as `trainmem.report` must stay importable, and fast, without it.
 """
 
+from typing import Any
+
 from .errors import SetupError
-from .estimate import Breakdown, estimate
 from .experiment import gpu_memory_experiment
 from .gpus import CATALOG as GPUS, GPU, find_gpu
 from .result import Result
@@ -20,3 +24,11 @@ from .verify import verify_accumulation
 __version__ = "0.1.0"
 __all__ = ["ModelSpec", "TrainSetup", "Result", "SetupError", "run", "estimate", "Breakdown", "gpu_memory_experiment",
            "from_training_arguments", "GPU", "GPUS", "find_gpu", "PRESETS", "verify_accumulation"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("estimate", "Breakdown"):
+        from . import estimator
+
+        return getattr(estimator, name)
+    raise AttributeError(f"module 'trainmem' has no attribute {name!r}")

@@ -39,6 +39,9 @@ def _cpu_runs(dtype: torch.dtype) -> bool:
 def environment_problems(setup: TrainSetup, device: str, precision: str) -> list[str]:
     """Problems that depend on this machine: missing CUDA or bitsandbytes, dtypes the CPU lacks."""
     out: list[str] = []
+    if setup.gpus > 1 or setup.shard != "none":
+        out.append(f"--gpus/--shard: measured multi-GPU runs are not built yet; predict them with "
+                   f"trainmem estimate --gpus {setup.gpus} --shard {setup.shard}")
     needs_bnb = setup.peft == "qlora" or "8bit" in setup.optimizer
     if device == "cuda" and not torch.cuda.is_available():
         out.append("--device cuda: no CUDA device is visible; use --device cpu")

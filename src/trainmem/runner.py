@@ -66,6 +66,10 @@ def execute(spec: ModelSpec, setup: TrainSetup) -> Result:
     problems = setup.problems(spec) + environment_problems(setup, device, precision)
     if problems:
         raise SetupError(problems)
+    if setup.engine == "trainer":
+        from .integrations.trainer import train_with_trainer
+
+        return train_with_trainer(spec, setup, device, precision)
     samples, pad_id = load_dataset(spec, setup)
     batches = micro_batches(samples, setup.batch_size, pad_id)
 

@@ -21,6 +21,10 @@ ATTENTIONS = ("sdpa", "eager")
 LABELS = ("random", "copy")
 DATA_MODES = ("pad", "pack")
 DEVICES = ("auto", "cuda", "cpu")
+ENGINES = ("loop", "trainer")
+# TrainSetup optimizer -> TrainingArguments.optim (Trainer builds the same torch/bitsandbytes classes)
+TRAINER_OPTIMS = {"adamw": "adamw_torch", "adamw-fused": "adamw_torch_fused", "sgd": "sgd",
+                  "adafactor": "adafactor", "adamw-8bit": "adamw_bnb_8bit", "paged-adamw-8bit": "paged_adamw_8bit"}
 
 
 @dataclass
@@ -67,12 +71,20 @@ class TrainSetup:
     memory_cap: int | None = None
     """Cap usable memory to this many bytes (on CPU the tensor ledger enforces it)."""
     seed: int = 0
+    engine: str = "loop"
+    gpus: int = 1
+    """Data-parallel GPUs (estimate only for now: multi-GPU runs are not built yet)."""
+    shard: str = "none"
+    """How states are spread over `gpus`: none, ddp, zero1, zero2, zero3 (DeepSpeed ZeRO) or fsdp."""
+    offload: str = "none"
+    """ZeRO/FSDP offload to CPU memory: none, optimizer or params."""
+    """Who trains: `loop` (trainmem's own loop) or `trainer` (transformers.Trainer + MemoryCallback)."""
 
     # --- derived ----------------------------------------------------------------------------
     @property
     def effective_batch(self) -> int:
-        """Samples per optimizer step on one device: micro-batch x accumulation."""
-        return self.batch_size * self.grad_accum
+        """Samples per optimizer step: micro-batch x accumulation x data-parallel GPUs."""
+        return self.batch_size * self.grad_accum * self.gpus
 
     def lr_note(self) -> str | None:
         """A warning when `lr` was tuned for another effective batch (linear scaling, Goyal et al. 2017)."""
@@ -117,6 +129,26 @@ class TrainSetup:
             raise SetupError([f"unknown setup field {k!r}" for k in unknown])
         return cls(**d)
 
+    @classmethod
+    def from_training_arguments(cls, args: Any, model: Any = None, **overrides: Any) -> TrainSetup:
+        """The setup a transformers `TrainingArguments` (and, if given, its model) describes."""
+        return from_training_arguments(args, model, **overrides)
+
+    def to_training_arguments(self, output_dir: str, **more: Any) -> Any:
+        """A `TrainingArguments` with this setup's batch, accumulation, checkpointing, autocast, optimizer,
+        lr, seed and steps; `more` sets any other field. Pure fp16/bf16/fp32 are the model's dtype, not
+        an argument: build the model in that dtype (trainmem.build.build_model does)."""
+        from transformers import TrainingArguments
+
+        fields_ = dict(output_dir=output_dir, per_device_train_batch_size=self.batch_size,
+                       gradient_accumulation_steps=self.grad_accum, gradient_checkpointing=self.checkpointing,
+                       gradient_checkpointing_kwargs={"use_reentrant": False} if self.checkpointing else None,
+                       bf16=self.precision == "amp-bf16", fp16=self.precision == "amp-fp16",
+                       optim=TRAINER_OPTIMS.get(self.optimizer, self.optimizer), learning_rate=self.lr,
+                       seed=self.seed, max_steps=self.steps, use_cpu=self.device == "cpu")
+        fields_.update(more)
+        return TrainingArguments(**fields_)
+
     # --- validation ---------------------------------------------------------------------------
     def problems(self, spec: Any = None) -> list[str]:
         """Every problem of this setup (and of it with `spec`), each naming its flag. Empty if fine."""
@@ -144,6 +176,19 @@ class TrainSetup:
         choice("labels", self.labels, LABELS)
         choice("data-mode", self.data_mode, DATA_MODES)
         choice("device", self.device, DEVICES)
+        choice("engine", self.engine, ENGINES)
+        from .estimator.sharding import OFFLOADS, SHARDS
+
+        choice("shard", self.shard, SHARDS)
+        choice("offload", self.offload, OFFLOADS)
+        if not isinstance(self.gpus, int) or self.gpus < 1:
+            out.append(f"--gpus: must be a whole number >= 1, got {self.gpus!r}")
+        elif self.gpus > 1 and self.shard == "none":
+            out.append(f"--gpus {self.gpus}: say how states are spread with --shard ddp|zero1|zero2|zero3|fsdp")
+        if self.offload != "none" and self.shard not in ("zero1", "zero2", "zero3", "fsdp"):
+            out.append(f"--offload {self.offload}: needs --shard zero1|zero2|zero3|fsdp")
+        if self.offload == "params" and self.shard not in ("zero3", "fsdp"):
+            out.append("--offload params: only ZeRO-3 and FSDP shard (and so can offload) parameters")
         if self.gpu is not None and find_gpu(self.gpu) is None:
             out.append(f"--gpu: unknown card {self.gpu!r}; known: {', '.join(CATALOG)} "
                        "(or cap by bytes with --memory-cap)")
@@ -182,18 +227,57 @@ class TrainSetup:
         return self
 
 
-def from_training_arguments(args: Any, **overrides: Any) -> TrainSetup:
-    """A TrainSetup from a transformers `TrainingArguments` (the seed builds one)."""
-    precision = "amp-bf16" if getattr(args, "bf16", False) else "amp-fp16" if getattr(args, "fp16", False) else "auto"
-    setup = TrainSetup(
+def training_arguments_values(args: Any, model: Any = None) -> dict[str, Any]:
+    """The TrainSetup fields that a `TrainingArguments` (an object or any namespace with its field
+    names) and optionally its model determine; the rest stays at the defaults or the caller's layers.
+
+    Autocast comes from `bf16`/`fp16`; without it the model's dtype is the precision (`auto` without
+    a model). LoRA settings, checkpointing and attention come from the model when given.
+    """
+    amp = "amp-bf16" if getattr(args, "bf16", False) else "amp-fp16" if getattr(args, "fp16", False) else None
+    optim = getattr(args, "optim", "adamw_torch")
+    optim = str(getattr(optim, "value", optim))
+    by_optim = {v: k for k, v in TRAINER_OPTIMS.items()} | {"adamw_8bit": "adamw-8bit"}
+    values: dict[str, Any] = dict(
         batch_size=int(args.per_device_train_batch_size),
         grad_accum=int(args.gradient_accumulation_steps),
         checkpointing=bool(args.gradient_checkpointing),
-        precision=precision,
+        precision=amp or "auto",
+        optimizer=by_optim.get(optim, optim),  # an unknown name is reported by validation as --optimizer
         lr=float(args.learning_rate),
         seed=int(args.seed),
     )
+    if int(getattr(args, "max_steps", -1) or -1) > 0:
+        values["steps"] = int(args.max_steps)
+    if model is not None:
+        values.update(_model_values(model, amp))
+    return values
+
+
+def _model_values(model: Any, amp: str | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    param = next(model.parameters(), None)
+    if amp is None and param is not None:
+        out["precision"] = {"float16": "fp16", "bfloat16": "bf16"}.get(str(param.dtype).replace("torch.", ""), "fp32")
+    if getattr(model, "is_gradient_checkpointing", False):
+        out["checkpointing"] = True
+    attn = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if attn in ATTENTIONS:
+        out["attention"] = attn
+    peft_config = getattr(model, "peft_config", None)
+    if peft_config:
+        cfg = next(iter(peft_config.values()))
+        targets = cfg.target_modules
+        out.update(peft="qlora" if getattr(model, "is_loaded_in_4bit", False) else "lora", lora_r=int(cfg.r),
+                   lora_alpha=int(cfg.lora_alpha), lora_dropout=float(cfg.lora_dropout),
+                   lora_targets=sorted(targets) if isinstance(targets, (set, list, tuple)) else None)
+    return out
+
+
+def from_training_arguments(args: Any, model: Any = None, **overrides: Any) -> TrainSetup:
+    """A TrainSetup from a transformers `TrainingArguments` (the seed builds one), and its model if given."""
+    setup = TrainSetup(**training_arguments_values(args, model))
     return setup.replace(**overrides) if overrides else setup
 
 
-__all__ = ["TrainSetup", "from_training_arguments", "PEFTS", "PRECISIONS", "OPTIMIZERS", "ATTENTIONS"]
+__all__ = ["TrainSetup", "from_training_arguments", "training_arguments_values", "ENGINES", "PEFTS", "PRECISIONS", "OPTIMIZERS", "ATTENTIONS"]

@@ -11,7 +11,7 @@ import sys
 from rich.console import Console
 
 from ..errors import SetupError
-from ..estimate import METHODS, estimate
+from ..estimator import METHODS, estimate
 from ..render import print_result
 from .options import add_setup_arguments, setup_from_args
 

@@ -1,8 +1,9 @@
 """The setup flags shared by every subcommand that takes a setup (run, and later estimate and sweep).
 
 Values are read as text and converted here, so that every bad flag is reported at once instead of
-argparse stopping at the first one. Precedence: TrainSetup defaults, then `--config FILE.yaml`, then
-flags given on the command line.
+argparse stopping at the first one. Precedence: TrainSetup defaults, then `--training-args FILE.json`
+(a transformers TrainingArguments as `args.to_json_string()` writes it), then `--config FILE.yaml`,
+then flags given on the command line.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import fields
 from typing import Any
 
 from ..errors import SetupError
-from ..setup import ATTENTIONS, OPTIMIZERS, PEFTS, PRECISIONS, TrainSetup
+from ..setup import ATTENTIONS, ENGINES, OPTIMIZERS, PEFTS, PRECISIONS, TrainSetup, training_arguments_values
 from ..specs import PRESETS, ModelSpec
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -42,6 +43,11 @@ SETUP_FLAGS: dict[str, tuple[str, str, str]] = {
     "--gpu": ("gpu", "str", "cap memory to this card's usable memory (T4, A100-40GB, H100-80GB, ...)"),
     "--memory-cap": ("memory_cap", "bytes", "cap memory to this many bytes (e.g. 12GiB)"),
     "--seed": ("seed", "int", "random seed (default 0)"),
+    "--gpus": ("gpus", "int", "data-parallel GPUs (estimate; default 1)"),
+    "--shard": ("shard", "str", "none|ddp|zero1|zero2|zero3|fsdp: how states spread over --gpus (estimate)"),
+    "--offload": ("offload", "str", "none|optimizer|params: ZeRO/FSDP offload to CPU memory (estimate)"),
+    "--engine": ("engine", "str", f"{'|'.join(ENGINES)}: trainmem's loop or transformers.Trainer with "
+                 "MemoryCallback (default loop; run only)"),
 }
 ALIASES = {"--grad-accum": ["--gradient-accumulation-steps"], "--checkpointing": ["--gradient-checkpointing"]}
 
@@ -71,10 +77,35 @@ def add_setup_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"preset ({', '.join(PRESETS)}), config.json, local model folder, or cached hub id "
                         "(default: EleutherAI/polyglot-ko-1.3b on a GPU, tiny-gpt-neox on the CPU)")
     p.add_argument("--config", default=None, metavar="FILE.yaml", help="setup fields from a YAML file")
+    p.add_argument("--training-args", default=None, metavar="FILE.json",
+                   help="TrainingArguments fields as JSON (args.to_json_string()): batch, accumulation, "
+                        "checkpointing, bf16/fp16, optim, learning rate, seed, max_steps")
     for flag, (_, _, help_) in SETUP_FLAGS.items():
         p.add_argument(flag, *ALIASES.get(flag, []), default=None, metavar="X", help=help_)
     p.add_argument("--checkpointing", *ALIASES["--checkpointing"], action="store_true", default=None,
                    help="gradient checkpointing")
+
+
+def read_training_arguments(path: str) -> dict[str, Any]:
+    """TrainSetup fields from a JSON file of TrainingArguments fields; missing ones take Trainer's defaults.
+
+    The values are read into a plain namespace rather than a `TrainingArguments`, whose checks would
+    fail for settings this machine cannot run (bf16 without a GPU) although they can be estimated.
+    """
+    import json
+    from types import SimpleNamespace
+
+    from transformers import TrainingArguments
+
+    with open(path) as f:
+        loaded = json.load(f)
+    if not isinstance(loaded, dict):
+        raise ValueError("the top level must be an object of TrainingArguments fields")
+    defaults = {f.name: f.default for f in fields(TrainingArguments)}
+    unknown = sorted(set(loaded) - set(defaults))
+    if unknown:
+        raise ValueError(f"unknown TrainingArguments field(s) {', '.join(map(repr, unknown))}")
+    return training_arguments_values(SimpleNamespace(**{**defaults, **loaded}))
 
 
 def default_model() -> str:
@@ -88,6 +119,11 @@ def setup_from_args(args: argparse.Namespace) -> tuple[ModelSpec, TrainSetup]:
     problems: list[str] = []
     values: dict[str, Any] = {}
     known = {f.name for f in fields(TrainSetup)}
+    if getattr(args, "training_args", None):
+        try:
+            values.update(read_training_arguments(args.training_args))
+        except (OSError, ValueError) as e:
+            problems.append(f"--training-args: cannot read {args.training_args!r}: {e}")
     if args.config:
         import yaml
 

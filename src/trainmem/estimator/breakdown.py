@@ -56,6 +56,6 @@ class Breakdown:
         """The same result object as a measurement, so rows of both sit side by side in one file."""
         return Result(kind="estimate", status="ok", setup=self.setup, model=self.model, memory=dict(self.memory),
                       model_states=dict(self.model_states),
-                      effective_batch=self.setup["batch_size"] * self.setup["grad_accum"],
+                      effective_batch=self.setup["batch_size"] * self.setup["grad_accum"] * self.setup["gpus"],
                       peak_phase=self.peak_phase, notes=list(self.notes), method=self.method,
                       terms=dict(self.terms), verdict=self.verdict(gpu, margin) if gpu else None)

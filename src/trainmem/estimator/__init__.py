@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..setup import TrainSetup
 from ..specs import ModelSpec
-from . import analytic, runtime, states
+from . import analytic, runtime, sharding, states
 from .breakdown import ADVICE, Breakdown
 from .simulate import UNSUPPORTED, simulate_step, supports
 
@@ -33,6 +33,12 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
         raise SetupError([f"--method: {method!r} is not one of {', '.join(METHODS)}"])
     precision = setup.resolved_precision(spec, "cuda")
     notes: list[str] = []
+    if setup.gpus > 1 or setup.shard != "none":
+        if method == "simulate":
+            notes.append("sharding across GPUs is modelled by the analytic method only: used it instead")
+        method = "analytic"
+        notes.append(f"per GPU, {setup.gpus} GPUs with {setup.shard}"
+                     + (f", {setup.offload} offloaded" if setup.offload != "none" else ""))
     if method == "simulate" and not supports(setup, precision):
         notes.append(f"{UNSUPPORTED}: used the analytic method instead")
         method = "analytic"
@@ -62,7 +68,7 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
     if method == "simulate":
         memory, phase, terms = _simulate(spec, setup, precision)
     else:
-        memory, phase, terms = _analytic(inv, setup, precision, model_states)
+        memory, phase, terms = _analytic(inv, setup, precision, model_states, notes)
     if setup.optimizer == "paged-adamw-8bit":
         memory["peak_allocated"] -= memory["optimizer"]
         memory["optimizer"] = 0
@@ -73,8 +79,8 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
                      terms, tuple(notes))
 
 
-def _analytic(inv: states.Inventory, setup: TrainSetup, precision: str,
-              ms: dict[str, int]) -> tuple[dict[str, int], str, dict[str, int]]:
+def _analytic(inv: states.Inventory, setup: TrainSetup, precision: str, ms: dict[str, int],
+              notes: list[str]) -> tuple[dict[str, int], str, dict[str, int]]:
     t = analytic.Traits.of(inv.model)
     # matmul outputs are half under fp16/bf16/autocast; under QLoRA bitsandbytes casts each 4-bit Linear's
     # output back to its input's dtype, fp32, because peft upcasts the embeddings and norms
@@ -90,16 +96,24 @@ def _analytic(inv: states.Inventory, setup: TrainSetup, precision: str,
         # autocast's half copies of every matmul weight are saved for backward (2 bytes a parameter)
         terms["autocast_weight_copies"] = 2 * sum(p.numel for p in inv.params if len(p.shape) == 2)
         saved += terms["autocast_weight_copies"]
-    w, g, o = ms["weights"], ms["gradients"], ms["optimizer"]
+    trainable = sum(p.numel for p in inv.params if p.trainable)
+    # per GPU under sharding (one GPU: the states themselves); foreach AdamW copies the local gradients
+    rank = sharding.rank_states(ms["weights"], ms["gradients"], ms["optimizer"], trainable,
+                                precision in ("fp16", "bf16"), setup.gpus, setup.shard, setup.offload,
+                                _largest_layer(inv), foreach_copy=setup.optimizer == "adamw")
+    w, g, o, step_temp = rank.weights, rank.gradients, rank.optimizer, rank.step_temporaries
+    notes.extend(rank.notes)
+    if rank.gathered:
+        terms["gathered_units"] = rank.gathered
     g_resident = g if setup.grad_accum > 1 else 0
-    fwd_bwd = w + o + g_resident + saved + acts.backward_transient
-    step_temp = g if setup.optimizer == "adamw" else 0  # foreach AdamW: one copy of the gradients' size
+    transient = acts.backward_transient + rank.gathered
+    fwd_bwd = w + o + g_resident + saved + transient
     terms["optimizer_step_temporaries"] = step_temp
     terms["cublas_workspace"] = runtime.CUBLAS_WORKSPACE
     step = w + g + o + step_temp
     if fwd_bwd >= step:
         memory = {"weights": w, "gradients": g_resident, "optimizer": o, "activations": saved,
-                  "other": acts.backward_transient + runtime.CUBLAS_WORKSPACE}
+                  "other": transient + runtime.CUBLAS_WORKSPACE}
         phase = "forward/backward"
     else:
         memory = {"weights": w, "gradients": g, "optimizer": o, "activations": 0,
@@ -107,6 +121,18 @@ def _analytic(inv: states.Inventory, setup: TrainSetup, precision: str,
         phase = "optimizer step"
     memory["peak_allocated"] = sum(memory.values())
     return memory, phase, terms
+
+
+def _largest_layer(inv: states.Inventory) -> int:
+    """Bytes of the largest numbered block's parameters (what ZeRO-3 / FSDP gathers at a time)."""
+    import re
+
+    per: dict[str, int] = {}
+    for p in inv.params:
+        m = re.search(r"\.(\d+)\.", p.name)
+        if m:
+            per[m.group(1)] = per.get(m.group(1), 0) + int(p.numel * p.bytes_per)
+    return max(per.values(), default=0)
 
 
 def _lora_inputs(inv: states.Inventory, setup: TrainSetup, layers: int) -> int:

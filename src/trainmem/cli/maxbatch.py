@@ -1,0 +1,115 @@
+"""Find the largest micro-batch that fits a card: searched on the estimate, confirmed with few real runs.
+
+Takes the setup flags of `trainmem run` and `--gpu NAME` (required). With CUDA, the estimate's answer is
+confirmed by real capped runs (the predicted batch and the next one when the estimate is right); without,
+the answer is the estimate's. `--target-batch N` adds the accumulation that reaches N samples a step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+
+from ..errors import SetupError
+from ..estimator import METHODS as ESTIMATORS
+from ..estimator import estimate
+from ..gpus import find_gpu
+from ..maxbatch import Oracle, accumulation_for, largest, power_of_two, refine
+from ..runner import run
+from .options import add_setup_arguments, setup_from_args
+
+
+def register(p: argparse.ArgumentParser) -> None:
+    add_setup_arguments(p)
+    p.add_argument("--target-batch", metavar="N", help="the effective batch to reach with accumulation")
+    p.add_argument("--margin", default="0.02", help="headroom kept free on the card, a fraction of its capacity (default 0.02)")
+    p.add_argument("--estimator", default="analytic", help=f"{'|'.join(ESTIMATORS)}: the estimate searched "
+                   "(default analytic: milliseconds a point, so the search is free)")
+    p.add_argument("--json", action="store_true", help="print the answer as JSON")
+
+
+def _options(args: argparse.Namespace) -> tuple[float, int | None]:
+    problems = []
+    margin = target = None
+    try:
+        margin = float(args.margin)
+        if not 0 <= margin < 1:
+            raise ValueError
+    except ValueError:
+        problems.append(f"--margin: expected a fraction in [0, 1), got {args.margin!r}")
+    if args.target_batch is not None:
+        try:
+            target = int(args.target_batch)
+            if target < 1:
+                raise ValueError
+        except ValueError:
+            problems.append(f"--target-batch: expected a whole number >= 1, got {args.target_batch!r}")
+        if args.grad_accum is not None:
+            problems.append("--grad-accum: --target-batch chooses the accumulation; drop one of them")
+    if args.gpu is None:
+        problems.append("--gpu: max-batch needs the card to fit, e.g. --gpu T4 (see `trainmem run --help`)")
+    if args.estimator not in ESTIMATORS:
+        problems.append(f"--estimator: {args.estimator!r} is not one of {', '.join(ESTIMATORS)}")
+    if problems:
+        raise SetupError(problems)
+    return margin, target  # type: ignore[return-value]
+
+
+def main(args: argparse.Namespace) -> int:
+    import torch
+
+    margin, target = _options(args)
+    spec, setup = setup_from_args(args)
+    card = find_gpu(setup.gpu)  # type: ignore[arg-type]
+    # accumulation keeps the gradients resident between micro-batches, so search with it when it will be used
+    searched = setup.replace(grad_accum=2) if target else setup
+    predicted_by = Oracle(lambda b: estimate(spec, searched.replace(batch_size=b), args.estimator).fits(card, margin))
+    console = Console(stderr=args.json)
+    with console.status(f"searching the estimate of {spec.name} on {card.name}..."):
+        predicted = largest(predicted_by)
+    real = torch.cuda.is_available() and setup.device != "cpu"
+    answer: dict[str, Any] = {"model": spec.name, "gpu": card.name, "margin": margin, "predicted": predicted,
+                              "estimates": predicted_by.trials, "confirmed": real}
+    if real:
+        def fits_for_real(b: int) -> bool:
+            row = run(spec, searched.replace(batch_size=b))
+            return row.status == "ok" and row.memory["peak_reserved"] + card.context <= card.capacity * (1 - margin)
+
+        measured_by = Oracle(fits_for_real)
+        with console.status(f"confirming batch {predicted} with real runs capped to the {card.name}..."):
+            found = refine(measured_by, predicted)
+        answer.update(batch=found, trials=measured_by.trials, tried=measured_by.tried)
+    else:
+        found = predicted
+        answer.update(batch=found, trials=0, tried=[])
+    # monotone: a batch fits iff it is <= the answer, so the power-of-two search's cost follows from it
+    answer["power_of_two"], answer["power_of_two_trials"] = power_of_two(lambda b: b <= found)
+    if target and found:
+        answer["micro_batch"], answer["grad_accum"] = accumulation_for(target, found)
+    if args.json:
+        sys.stdout.write(json.dumps(answer) + "\n")
+        return 0 if found else 1
+    _print(console, answer, target)
+    return 0 if found else 1
+
+
+def _print(console: Console, a: dict[str, Any], target: int | None) -> None:
+    if not a["batch"]:
+        console.print(f"[red]Not even batch 1 fits {a['model']} on the {a['gpu']}[/red] (margin {a['margin']:.0%}); "
+                      "`trainmem estimate --batch-size 1 --gpu ...` says what to cut first.")
+        return
+    tried = ", ".join(f"{b} {'fits' if ok else 'does not'}" for b, ok in a["tried"])
+    how = (f"confirmed with {a['trials']} real runs ({tried})" if a["confirmed"] else f"from the estimate ({a['estimates']} estimates; no CUDA device here, so no real run)")
+    console.print(f"Largest micro-batch for {a['model']} on the {a['gpu']}: [bold]{a['batch']}[/bold], {how}.",
+                  highlight=False)
+    console.print(f"A power-of-two search (1, 2, 4, ...) would take {a['power_of_two_trials']} real runs and find "
+                  f"{a['power_of_two']}.", highlight=False)
+    if target:
+        micro, accum = a["micro_batch"], a["grad_accum"]
+        why = "" if micro == min(a["batch"], target) else (
+            f" ({a['batch']} does not divide {target}: {micro} is the largest micro-batch below it that does)")
+        console.print(f"Effective batch {target}: --batch-size {micro} --grad-accum {accum}{why}.", highlight=False)

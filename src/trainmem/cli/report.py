@@ -1,0 +1,43 @@
+"""Turn a JSONL file of result rows (run, estimate, sweep) into tables, plots and one HTML page.
+
+Writes DIR/report.md, DIR/report.csv, DIR/*.png and DIR/report.html: each setup's measurement and
+estimate side by side with the estimate's error on peak_allocated.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+from ..errors import SetupError
+from ..gpus import CATALOG, find_gpu
+
+
+def register(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", metavar="FILE.jsonl", help="result rows, e.g. from trainmem sweep --out")
+    p.add_argument("--out", default="trainmem-out/report", metavar="DIR", help="where to write (default trainmem-out/report)")
+    p.add_argument("--gpu", default=None, help="draw this card's capacity on the breakdown plot")
+
+
+def main(args: argparse.Namespace) -> int:
+    from ..report import plots, write_report
+
+    problems = []
+    if not Path(args.file).is_file():
+        problems.append(f"FILE.jsonl: no such file {args.file!r}; pass the --out file of trainmem sweep/run/estimate")
+    if args.gpu and not find_gpu(args.gpu):
+        problems.append(f"--gpu: unknown card {args.gpu!r}; known: {', '.join(CATALOG)}")
+    if problems:
+        raise SetupError(problems)
+    try:
+        written = write_report(args.file, args.out, args.gpu)
+    except ValueError as e:
+        raise SetupError([f"FILE.jsonl: {e}"]) from None
+    console = Console()
+    if not plots.available():
+        console.print(f"[yellow]{plots.MISSING}[/yellow]")
+    for name, path in written.items():
+        console.print(f"{name}: {path}", highlight=False)
+    return 0
