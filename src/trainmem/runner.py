@@ -118,7 +118,7 @@ def execute(spec: ModelSpec, setup: TrainSetup) -> Result:
     result.losses = log.losses
     result.model_states = log.model_states.to_dict()
     result.throughput = log.throughput()
-    result.memory = _memory(probe, ledger, device)
+    result.memory = memory_at_peak(probe, ledger, device)
     result.peak_phase = ledger.peak_phase
     if setup.lr_note():
         result.notes.append(setup.lr_note())
@@ -133,7 +133,7 @@ def execute(spec: ModelSpec, setup: TrainSetup) -> Result:
     return result
 
 
-def _memory(probe: Any, ledger: Any, device: str) -> dict[str, int]:
+def memory_at_peak(probe: Any, ledger: Any, device: str) -> dict[str, int]:
     """The composition at the peak; on CUDA the allocator's peak is authoritative and `other`
     absorbs what the ledger cannot see (cuBLAS workspace, allocator rounding)."""
     mem = empty_memory()

@@ -209,9 +209,9 @@ class MemoryCallback(TrainerCallback):
         return state_bytes(self.model, self.optimizer)
 
     def _memory(self) -> dict[str, int]:
-        from ..runner import _memory
+        from ..runner import memory_at_peak
 
-        return _memory(self.probe, self.ledger, self.device.type)
+        return memory_at_peak(self.probe, self.ledger, self.device.type)
 
     def _result(self, args: Any, state: Any, model: Any, loader: Any) -> Result:
         from ..build import trainable_parameters
