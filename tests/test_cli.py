@@ -53,3 +53,11 @@ def test_oom_under_a_cap_is_a_result_not_a_traceback():
     assert p.returncode == 0 and "Traceback" not in p.stderr
     row = json.loads(p.stdout)
     assert row["status"] == "oom" and row["oom"]["tried_to_allocate"] > 0
+
+
+def test_default_run_on_the_cpu_says_what_it_ran_and_estimates_the_seed():
+    p = subprocess.run(CLI + ["run", "--batch-size", "2", "--seq-len", "32", "--steps", "2", "--num-samples", "4"],
+                       capture_output=True, text=True, check=True)
+    text = " ".join(p.stdout.split())
+    assert "ran the tiny preset tiny-gpt-neox on the CPU" in text
+    assert "the seed's run (polyglot-ko-1.3b, batch 4 x 256, fp16, AdamW) on a T4" in text and "fits" in text

@@ -34,7 +34,22 @@ def main(args: argparse.Namespace) -> int:
         sys.stdout.write(result.to_json() + "\n")
     else:
         print_result(result, console, phases=args.phases)
-        if spec.source in ("preset", "config") and args.model is None:
+        if spec.source in ("preset", "config") and args.model is None and setup.resolved_device() == "cpu":
             console.print(f"[dim]No GPU here: ran the tiny preset {spec.name} on the CPU. On a GPU the default "
                           "is the seed's EleutherAI/polyglot-ko-1.3b; pass --model to choose.[/dim]")
+            _seed_estimate(console)
     return 0 if result.status in ("ok", "oom") else 1
+
+
+def _seed_estimate(console: Console) -> None:
+    """What a user learns without a GPU: the seed's run estimated for the chapter's card."""
+    from ..estimator import estimate
+    from ..render import size
+    from ..setup import TrainSetup
+
+    b = estimate("polyglot-ko-1.3b", TrainSetup(batch_size=4, precision="fp16"), "analytic")
+    v = b.verdict("T4")
+    console.print(f"Estimated without a GPU, the seed's run (polyglot-ko-1.3b, batch 4 x 256, fp16, AdamW) on a "
+                  f"T4: peak {size(b.peak)} in the {b.peak_phase}, "
+                  f"{'fits' if v['fits'] else 'does not fit'} with {size(v['headroom'])} to spare. "
+                  "Try: trainmem estimate --model polyglot-ko-1.3b --precision fp16 --batch-size 16 --gpu T4")
