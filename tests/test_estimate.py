@@ -107,7 +107,7 @@ def test_zero_paper_example_per_gpu_states():
         assert abs((r.weights + r.gradients + r.optimizer) - gb) / gb < 0.02, shard
 
 
-def test_sharded_estimates_shrink_with_more_gpus_and_runs_say_not_yet():
+def test_sharded_estimates_shrink_with_more_gpus_and_zero_runs_are_refused():
     spec = ModelSpec.resolve("llama-3.1-8b")
     peaks = [estimate(spec, TrainSetup(batch_size=1, precision="bf16", gpus=n, shard="zero3")).peak
              for n in (2, 4, 8)]
@@ -121,5 +121,5 @@ def test_sharded_estimates_shrink_with_more_gpus_and_runs_say_not_yet():
         estimate(spec, TrainSetup(gpus=4))
     with pytest.raises(SetupError, match="--offload params: only ZeRO-3 and FSDP"):
         estimate(spec, TrainSetup(gpus=4, shard="zero2", offload="params"))
-    with pytest.raises(SetupError, match="multi-GPU runs are not built yet"):
-        execute(ModelSpec.resolve("tiny-llama"), TrainSetup(gpus=2, shard="ddp", **{k: v for k, v in TINY.items()}))
+    with pytest.raises(SetupError, match="DeepSpeed is not installed"):
+        execute(ModelSpec.resolve("tiny-llama"), TrainSetup(gpus=2, shard="zero2", **TINY))

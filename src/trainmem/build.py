@@ -40,8 +40,18 @@ def environment_problems(setup: TrainSetup, device: str, precision: str) -> list
     """Problems that depend on this machine: missing CUDA or bitsandbytes, dtypes the CPU lacks."""
     out: list[str] = []
     if setup.gpus > 1 or setup.shard != "none":
-        out.append(f"--gpus/--shard: measured multi-GPU runs are not built yet; predict them with "
-                   f"trainmem estimate --gpus {setup.gpus} --shard {setup.shard}")
+        predict = f"predict them with trainmem estimate --gpus {setup.gpus} --shard {setup.shard}"
+        if setup.shard.startswith("zero"):
+            out.append(f"--shard {setup.shard}: measured ZeRO runs are not built yet (DeepSpeed is not "
+                       f"installed); {predict}")
+        elif device == "cuda":
+            out.append(f"--gpus {setup.gpus} --device cuda: measured multi-GPU runs are not built yet (they "
+                       f"need several GPUs, which this machine lacks); use --device cpu for gloo processes "
+                       f"or {predict}")
+        if setup.offload != "none":
+            out.append(f"--offload {setup.offload}: measured offload runs are not built yet; {predict}")
+        if setup.engine == "trainer":
+            out.append("--engine trainer: multi-process runs use the built-in loop; use --engine loop")
     needs_bnb = setup.peft == "qlora" or "8bit" in setup.optimizer
     if device == "cuda" and not torch.cuda.is_available():
         out.append("--device cuda: no CUDA device is visible; use --device cpu")

@@ -48,12 +48,21 @@ def requested_bytes(err: BaseException) -> int | None:
 
 # --- bytes held by the model's own objects ------------------------------------------------------
 
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The tensor that holds this process's bytes: a DTensor's local shard (FSDP2 parameters, their
+    gradients and optimizer states are DTensors; the wrapper itself has no storage of its own).
+    Read without dispatching an operator, so the ledger sees nothing new."""
+    local = getattr(t, "_local_tensor", None)
+    return local if isinstance(local, torch.Tensor) else t
+
+
 def _unique_bytes(tensors: Iterable[torch.Tensor]) -> int:
     seen: set[tuple[int, int]] = set()
     total = 0
     for t in tensors:
         if not isinstance(t, torch.Tensor):
             continue
+        t = local_tensor(t)  # DTensor: count the rank's shard, not the global size
         st = t.untyped_storage()
         # Meta storages (the estimator's simulation) all have address 0: tell them apart by identity,
         # which PyTorch keeps stable for a live storage.
@@ -138,6 +147,7 @@ class TensorLedger(TorchDispatchMode):
         self._cached_state = None
 
     def _register(self, t: torch.Tensor, tag: str, check_cap: bool = True) -> None:
+        t = local_tensor(t)  # a DTensor's bytes are its local shard's
         if t.is_sparse:
             return
         try:

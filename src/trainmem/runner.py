@@ -66,6 +66,10 @@ def execute(spec: ModelSpec, setup: TrainSetup) -> Result:
     problems = setup.problems(spec) + environment_problems(setup, device, precision)
     if problems:
         raise SetupError(problems)
+    if setup.gpus > 1 or setup.shard != "none":  # CPU ranks over gloo (environment_problems allows no other)
+        from .distributed import execute_distributed
+
+        return execute_distributed(spec, setup, device, precision)
     if setup.engine == "trainer":
         from .integrations.trainer import train_with_trainer
 

@@ -1,0 +1,283 @@
+"""Data-parallel runs as N CPU processes over gloo: DDP or FSDP2, one ledger per rank.
+
+`execute_distributed` spawns `setup.gpus` processes (`torch.multiprocessing`, spawn start method) that
+join a gloo process group on 127.0.0.1 at a free port. Each rank builds the same model (same seed),
+wraps it (`DistributedDataParallel`, or FSDP2's `fully_shard` on every decoder layer and then the
+root), builds the optimizer over the wrapped parameters and trains on its share of the micro-batches
+(rank r takes batches r::N), measured by its own TensorLedger exactly as `runner.execute` measures one
+process. Each rank writes its Result to a file; the launcher merges them: `ranks` holds every rank's
+memory and model states, the top level is the rank with the largest peak.
+
+The processes stand in for GPUs: what each holds is what one GPU would hold (on the CPU, without CUDA
+context, NCCL buffers or allocator caching). FSDP2 frees a gathered layer by resizing its storage to
+zero (`storage.resize_`), which no operator dispatch shows; `_FsdpLedger` hooks FSDP2's own
+alloc/free helpers so that gathered parameters count only while they are gathered (in `other`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import math
+import os
+import socket
+import tempfile
+import traceback
+import weakref
+from typing import Any
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+from .errors import SetupError
+from .measure import StateBytes, TensorLedger, local_tensor
+from .result import Result
+from .setup import TrainSetup
+from .specs import ModelSpec
+
+SHARDS_ON_CPU = ("ddp", "fsdp")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def execute_distributed(spec: ModelSpec, setup: TrainSetup, device: str, precision: str) -> Result:
+    """Run `setup.gpus` ranks here (CPU, gloo) and merge their Results; the worst rank is the top level."""
+    import torch.multiprocessing as mp
+
+    n = setup.gpus
+    batches = math.ceil(setup.num_samples / setup.batch_size) if setup.data is None else None
+    if batches is not None and batches < n:
+        raise SetupError([f"--gpus {n}: {setup.num_samples} samples make {batches} micro-batches, "
+                          f"fewer than one per rank; use --num-samples {n * setup.batch_size} or more"])
+    job = {"spec": {"name": spec.name, "config": spec.config, "source": spec.source, "path": spec.path},
+           "setup": setup.to_dict(), "device": device, "precision": precision}
+    with tempfile.TemporaryDirectory(prefix="trainmem-ranks-") as tmp:
+        try:
+            mp.start_processes(_rank_main, args=(n, _free_port(), job, tmp), nprocs=n, join=True,
+                               start_method="spawn")
+        except Exception:
+            failure = traceback.format_exc()
+        else:
+            failure = None
+        rows = []
+        for r in range(n):
+            path = os.path.join(tmp, f"rank{r}.json")
+            if os.path.exists(path):
+                with open(path) as f:
+                    rows.append(json.load(f))
+    if len(rows) < n:
+        return Result(kind="measurement", status="error", setup=setup.replace(device=device, precision=precision)
+                      .to_dict(), model=spec.describe(), effective_batch=setup.effective_batch,
+                      error=f"{n - len(rows)} of {n} ranks returned no result:\n{failure or ''}")
+    return merge_ranks(rows)
+
+
+def merge_ranks(rows: list[dict[str, Any]]) -> Result:
+    """The rank with the largest peak becomes the top level; every rank's memory goes to `ranks`."""
+    worst = max(rows, key=lambda r: r["memory"]["peak_allocated"])
+    top = dict(worst)
+    top["ranks"] = [{"rank": r["env"].get("rank", i), "status": r["status"], "peak_phase": r["peak_phase"],
+                     "memory": r["memory"], "model_states": r["model_states"]} for i, r in enumerate(rows)]
+    failed = [r for r in rows if r["status"] != "ok"]
+    if failed and top["status"] == "ok":  # a rank that failed makes the run fail
+        for key in ("status", "oom", "error"):
+            top[key] = failed[0][key]
+    top["env"] = {**top["env"], "rank": None, "peak_rank": worst["env"].get("rank")}
+    return Result.from_dict(top)
+
+
+def _rank_main(rank: int, world: int, port: int, job: dict[str, Any], tmp: str) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
+                      RANK=str(rank), LOCAL_RANK=str(rank))
+    # The ranks share this machine's cores: split them, as N GPUs would not compete.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=300))
+    try:
+        spec, setup = ModelSpec(**job["spec"]), TrainSetup.from_dict(job["setup"])
+        row = measure_rank(spec, setup, job["precision"], rank, world).to_dict()
+    finally:
+        dist.destroy_process_group()
+    with open(os.path.join(tmp, f"rank{rank}.json.tmp"), "w") as f:
+        json.dump(row, f)
+    os.replace(os.path.join(tmp, f"rank{rank}.json.tmp"), os.path.join(tmp, f"rank{rank}.json"))
+
+
+class _FsdpLedger(TensorLedger):
+    """A ledger that follows FSDP2's storage resizes: a gathered layer's storage is resized to zero
+    after use and back before the next all-gather, without any operator the dispatch mode could see."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._counted: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+    def _register(self, t: torch.Tensor, tag: str, check_cap: bool = True) -> None:
+        t = local_tensor(t)
+        if t.is_sparse:
+            return
+        try:
+            st = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        if st in self._seen:
+            return
+        n = st.nbytes()
+        if check_cap and self.cap is not None and self.live + n > self.cap:
+            from .measure import CapExceeded
+
+            raise CapExceeded(n, self.live, self.cap)
+        cell = [tag, n]  # what this storage counts now, changed by resize()
+        self._seen[st] = tag
+        self._counted[st] = cell
+        self._add(tag, n)
+        weakref.finalize(st, self._free_cell, cell)
+
+    def _add(self, tag: str, n: int) -> None:
+        self.live += n
+        self.by_tag[tag] += n
+        if self.live > self.phase_peak:
+            self.phase_peak = self.live
+        if self.live > self.peak:
+            self.peak = self.live
+            self._snapshot()
+
+    def _free_cell(self, cell: list[Any]) -> None:
+        self._free(cell[0], cell[1])
+
+    def resized(self, t: torch.Tensor, tag: str = "gathered") -> None:
+        """Re-read the size of `t`'s storage after FSDP2 resized it; it counts under `tag` from now on."""
+        st = t.untyped_storage()
+        cell = self._counted.get(st)
+        if cell is None:
+            self._register(t, tag)
+            return
+        self._free(cell[0], cell[1])
+        cell[0], cell[1] = tag, st.nbytes()
+        self._add(tag, cell[1])
+
+
+@contextlib.contextmanager
+def _follow_fsdp_storage(ledger: _FsdpLedger):
+    """Route FSDP2's alloc_storage/free_storage (module-level helpers) through the ledger."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+
+    alloc, free = _fsdp_param.alloc_storage, _fsdp_param.free_storage
+    init_outputs = _fsdp_param.FSDPParam.init_all_gather_outputs
+
+    def alloc_storage(tensor: torch.Tensor) -> None:
+        alloc(tensor)
+        ledger.resized(tensor)
+
+    def free_storage(tensor: torch.Tensor) -> None:
+        free(tensor)
+        ledger.resized(tensor)
+
+    def init_all_gather_outputs(self: Any, *args: Any, **kwargs: Any) -> None:
+        init_outputs(self, *args, **kwargs)
+        for t in self.all_gather_outputs:  # the gathered parameters' home: count it as gathered
+            ledger.resized(t)
+
+    _fsdp_param.alloc_storage = _fsdp_param_group.alloc_storage = alloc_storage
+    _fsdp_param.free_storage = free_storage
+    _fsdp_param.FSDPParam.init_all_gather_outputs = init_all_gather_outputs
+    try:
+        yield
+    finally:
+        _fsdp_param.alloc_storage = _fsdp_param_group.alloc_storage = alloc
+        _fsdp_param.free_storage = free
+        _fsdp_param.FSDPParam.init_all_gather_outputs = init_outputs
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules FSDP2 shards as units: the classes the model names in `_no_split_modules`."""
+    names: set[str] = set()
+    for m in model.modules():
+        names |= set(getattr(m, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if type(m).__name__ in names]
+
+
+def wrap(model: torch.nn.Module, shard: str, world: int) -> torch.nn.Module:
+    if shard == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def measure_rank(spec: ModelSpec, setup: TrainSetup, precision: str, rank: int, world: int) -> Result:
+    """One rank of the run: `runner.execute`'s measurement around a wrapped model."""
+    from .build import build_model, build_optimizer, trainable_parameters
+    from .data import load_dataset, micro_batches
+    from .measure import LedgerReader, requested_bytes, state_bytes
+    from .runner import environment, memory_at_peak
+    from .train import Probe, TrainLog, train
+
+    samples, pad_id = load_dataset(spec, setup)
+    batches = micro_batches(samples, setup.batch_size, pad_id)[rank::world]
+    dev = torch.device("cpu")
+    held: dict[str, Any] = {"model": None, "optimizer": None}
+
+    def live_state() -> StateBytes:
+        if held["model"] is None:
+            return StateBytes(0, 0, 0)
+        return state_bytes(held["model"], held["optimizer"])
+
+    ledger = _FsdpLedger(live_state, cap=setup.cap_bytes())
+    reader = LedgerReader(ledger)
+    resolved = setup.replace(device="cpu", precision=precision).to_dict()
+    env = {**environment("cpu", reader), "backend": "gloo", "rank": rank, "world_size": world}
+    result = Result(kind="measurement", status="ok", setup=resolved, model=spec.describe(),
+                    effective_batch=setup.effective_batch, env=env)
+    probe = Probe(reader, ledger, model=None)  # type: ignore[arg-type]
+    log = TrainLog()
+    follow = _follow_fsdp_storage(ledger) if setup.shard == "fsdp" else contextlib.nullcontext()
+    try:
+        with follow:
+            probe.begin("load")
+            with ledger:
+                model = build_model(spec, setup, "cpu", precision)
+                trainable, total = trainable_parameters(model)
+                held["model"] = wrapped = wrap(model, setup.shard, world)
+            probe.model = wrapped
+            probe.end()
+            result.model.update(trainable_parameters=trainable, loaded_parameters=total,
+                                attention=getattr(model.config, "_attn_implementation", None))
+            held["optimizer"] = optimizer = build_optimizer(wrapped, setup)
+            ledger.adopt([p for p in wrapped.parameters()] + list(wrapped.buffers()))
+            train(wrapped, optimizer, batches, setup, dev, probe, log, precision)
+    except torch.OutOfMemoryError as e:
+        probe.close()
+        result.status = "oom"
+        result.oom = {"phase": probe.current, "tried_to_allocate": requested_bytes(e),
+                      "peak_allocated": probe.peak_allocated or ledger.peak, "message": str(e).splitlines()[0]}
+    except Exception:
+        result.status = "error"
+        result.error = traceback.format_exc()
+    result.phases = probe.phases
+    result.steps_done = log.steps_done
+    result.losses = log.losses
+    result.model_states = log.model_states.to_dict()
+    result.throughput = log.throughput()
+    result.memory = memory_at_peak(probe, ledger, "cpu")
+    result.peak_phase = ledger.peak_phase
+    result.notes.append(f"{world} CPU processes over gloo stand in for {world} GPUs ({setup.shard}); "
+                        "each rank's memory is its own ledger's (no CUDA context or NCCL buffers)")
+    if setup.shard == "fsdp":
+        result.notes.append("FSDP2: gathered (unsharded) layers count in `other` while they are gathered")
+    if setup.lr_note():
+        result.notes.append(setup.lr_note())
+    held.clear()
+    return result
