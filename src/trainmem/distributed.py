@@ -31,7 +31,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .errors import SetupError
-from .measure import StateBytes, TensorLedger, local_tensor
+from .measure import TensorLedger, local_tensor
 from .result import Result
 from .setup import TrainSetup
 from .specs import ModelSpec
@@ -218,66 +218,18 @@ def wrap(model: torch.nn.Module, shard: str, world: int) -> torch.nn.Module:
 
 
 def measure_rank(spec: ModelSpec, setup: TrainSetup, precision: str, rank: int, world: int) -> Result:
-    """One rank of the run: `runner.execute`'s measurement around a wrapped model."""
-    from .build import build_model, build_optimizer, trainable_parameters
+    """One rank of the run: `runner.measure` on this rank's micro-batches, around a wrapped model."""
     from .data import load_dataset, micro_batches
-    from .measure import LedgerReader, requested_bytes, state_bytes
-    from .runner import environment, memory_at_peak
-    from .train import Probe, TrainLog, train
+    from .runner import measure
 
     samples, pad_id = load_dataset(spec, setup)
     batches = micro_batches(samples, setup.batch_size, pad_id)[rank::world]
-    dev = torch.device("cpu")
-    held: dict[str, Any] = {"model": None, "optimizer": None}
-
-    def live_state() -> StateBytes:
-        if held["model"] is None:
-            return StateBytes(0, 0, 0)
-        return state_bytes(held["model"], held["optimizer"])
-
-    ledger = _FsdpLedger(live_state, cap=setup.cap_bytes())
-    reader = LedgerReader(ledger)
-    resolved = setup.replace(device="cpu", precision=precision).to_dict()
-    env = {**environment("cpu", reader), "backend": "gloo", "rank": rank, "world_size": world}
-    result = Result(kind="measurement", status="ok", setup=resolved, model=spec.describe(),
-                    effective_batch=setup.effective_batch, env=env)
-    probe = Probe(reader, ledger, model=None)  # type: ignore[arg-type]
-    log = TrainLog()
-    follow = _follow_fsdp_storage(ledger) if setup.shard == "fsdp" else contextlib.nullcontext()
-    try:
-        with follow:
-            probe.begin("load")
-            with ledger:
-                model = build_model(spec, setup, "cpu", precision)
-                trainable, total = trainable_parameters(model)
-                held["model"] = wrapped = wrap(model, setup.shard, world)
-            probe.model = wrapped
-            probe.end()
-            result.model.update(trainable_parameters=trainable, loaded_parameters=total,
-                                attention=getattr(model.config, "_attn_implementation", None))
-            held["optimizer"] = optimizer = build_optimizer(wrapped, setup)
-            ledger.adopt([p for p in wrapped.parameters()] + list(wrapped.buffers()))
-            train(wrapped, optimizer, batches, setup, dev, probe, log, precision)
-    except torch.OutOfMemoryError as e:
-        probe.close()
-        result.status = "oom"
-        result.oom = {"phase": probe.current, "tried_to_allocate": requested_bytes(e),
-                      "peak_allocated": probe.peak_allocated or ledger.peak, "message": str(e).splitlines()[0]}
-    except Exception:
-        result.status = "error"
-        result.error = traceback.format_exc()
-    result.phases = probe.phases
-    result.steps_done = log.steps_done
-    result.losses = log.losses
-    result.model_states = log.model_states.to_dict()
-    result.throughput = log.throughput()
-    result.memory = memory_at_peak(probe, ledger, "cpu")
-    result.peak_phase = ledger.peak_phase
+    follow = _follow_fsdp_storage if setup.shard == "fsdp" else None
+    result = measure(spec, setup, "cpu", precision, batches, ledger_type=_FsdpLedger,
+                     wrap=lambda model: wrap(model, setup.shard, world), follow=follow,
+                     env={"backend": "gloo", "rank": rank, "world_size": world})
     result.notes.append(f"{world} CPU processes over gloo stand in for {world} GPUs ({setup.shard}); "
                         "each rank's memory is its own ledger's (no CUDA context or NCCL buffers)")
     if setup.shard == "fsdp":
         result.notes.append("FSDP2: gathered (unsharded) layers count in `other` while they are gathered")
-    if setup.lr_note():
-        result.notes.append(setup.lr_note())
-    held.clear()
     return result

@@ -56,10 +56,8 @@ def execute(spec: ModelSpec, setup: TrainSetup) -> Result:
     """Run the experiment here and now. Raises SetupError for bad input, returns a Result otherwise."""
     import torch
 
-    from .build import build_model, build_optimizer, environment_problems, trainable_parameters
+    from .build import environment_problems
     from .data import load_dataset, micro_batches
-    from .measure import CudaReader, LedgerReader, StateBytes, TensorLedger, requested_bytes, state_bytes
-    from .train import Probe, TrainLog, train
 
     device = setup.resolved_device()
     precision = setup.resolved_precision(spec, device)
@@ -75,8 +73,25 @@ def execute(spec: ModelSpec, setup: TrainSetup) -> Result:
 
         return train_with_trainer(spec, setup, device, precision)
     samples, pad_id = load_dataset(spec, setup)
-    batches = micro_batches(samples, setup.batch_size, pad_id)
+    result = measure(spec, setup, device, precision, micro_batches(samples, setup.batch_size, pad_id))
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return result
 
+
+def measure(spec: ModelSpec, setup: TrainSetup, device: str, precision: str, batches: list,
+            ledger_type: Any = None, wrap: Any = None, follow: Any = None, env: dict | None = None) -> Result:
+    """Build, train and measure on these micro-batches: the experiment shared by one process and by each
+    rank of a distributed run (which passes its ledger type, its model wrapper, a context that lets the
+    ledger follow FSDP's storage resizes, and its rank's environment)."""
+    import torch
+
+    from .build import build_model, build_optimizer, trainable_parameters
+    from .measure import CudaReader, LedgerReader, StateBytes, TensorLedger, requested_bytes, state_bytes
+    from .train import Probe, TrainLog, train
+
+    ledger_type = ledger_type or TensorLedger
     dev = torch.device("cuda:0" if device == "cuda" else "cpu")
     cap = setup.cap_bytes()
     held: dict[str, Any] = {"model": None, "optimizer": None}
@@ -86,27 +101,29 @@ def execute(spec: ModelSpec, setup: TrainSetup) -> Result:
             return StateBytes(0, 0, 0)
         return state_bytes(held["model"], held["optimizer"])
 
-    ledger = TensorLedger(live_state, cap=cap if device == "cpu" else None)
+    ledger = ledger_type(live_state, cap=cap if device == "cpu" else None)
     reader = CudaReader(dev) if device == "cuda" else LedgerReader(ledger)
     if device == "cuda" and cap is not None:
         reader.cap(cap)
     resolved = setup.replace(device=device, precision=precision).to_dict()
     result = Result(kind="measurement", status="ok", setup=resolved, model=spec.describe(),
-                    effective_batch=setup.effective_batch, env=environment(device, reader))
+                    effective_batch=setup.effective_batch, env={**environment(device, reader), **(env or {})})
     probe = Probe(reader, ledger, model=None)  # type: ignore[arg-type]
     log = TrainLog()
     try:
-        probe.begin("load")
-        with ledger if device == "cpu" else contextlib.nullcontext():
-            held["model"] = model = build_model(spec, setup, device, precision)
-        probe.model = model
-        probe.end()
-        trainable, total = trainable_parameters(model)
-        result.model.update(trainable_parameters=trainable, loaded_parameters=total,
-                            attention=getattr(model.config, "_attn_implementation", None))
-        held["optimizer"] = optimizer = build_optimizer(model, setup)
-        ledger.adopt([p for p in model.parameters()] + list(model.buffers()))
-        train(model, optimizer, batches, setup, dev, probe, log, precision)
+        with follow(ledger) if follow else contextlib.nullcontext():
+            probe.begin("load")
+            with ledger if device == "cpu" else contextlib.nullcontext():
+                base = build_model(spec, setup, device, precision)
+                trainable, total = trainable_parameters(base)
+                held["model"] = model = wrap(base) if wrap else base
+            probe.model = model
+            probe.end()
+            result.model.update(trainable_parameters=trainable, loaded_parameters=total,
+                                attention=getattr(base.config, "_attn_implementation", None))
+            held["optimizer"] = optimizer = build_optimizer(model, setup)
+            ledger.adopt([p for p in model.parameters()] + list(model.buffers()))
+            train(model, optimizer, batches, setup, dev, probe, log, precision)
     except torch.OutOfMemoryError as e:
         probe.close()
         result.status = "oom"
@@ -131,9 +148,6 @@ def execute(spec: ModelSpec, setup: TrainSetup) -> Result:
     if result.status == "ok" and any(l != l for l in log.losses):
         result.notes.append("loss became NaN/inf (pure fp16 training overflows easily); memory is unaffected")
     held.clear()
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
     return result
 
 
