@@ -10,7 +10,7 @@ memory and model states, the top level is the rank with the largest peak.
 
 The processes stand in for GPUs: what each holds is what one GPU would hold (on the CPU, without CUDA
 context, NCCL buffers or allocator caching). FSDP2 frees a gathered layer by resizing its storage to
-zero (`storage.resize_`), which no operator dispatch shows; `_FsdpLedger` hooks FSDP2's own
+zero (`storage.resize_`), which no operator dispatch shows; `TensorLedger.resized` follows FSDP2's own
 alloc/free helpers so that gathered parameters count only while they are gathered (in `other`).
 """
 
@@ -24,14 +24,12 @@ import os
 import socket
 import tempfile
 import traceback
-import weakref
 from typing import Any
 
 import torch
-from torch.utils.weak import WeakIdKeyDictionary
 
 from .errors import SetupError
-from .measure import TensorLedger, local_tensor
+from .measure import TensorLedger
 from .result import Result
 from .setup import TrainSetup
 from .specs import ModelSpec
@@ -109,61 +107,8 @@ def _rank_main(rank: int, world: int, port: int, job: dict[str, Any], tmp: str) 
     os.replace(os.path.join(tmp, f"rank{rank}.json.tmp"), os.path.join(tmp, f"rank{rank}.json"))
 
 
-class _FsdpLedger(TensorLedger):
-    """A ledger that follows FSDP2's storage resizes: a gathered layer's storage is resized to zero
-    after use and back before the next all-gather, without any operator the dispatch mode could see."""
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self._counted: WeakIdKeyDictionary = WeakIdKeyDictionary()
-
-    def _register(self, t: torch.Tensor, tag: str, check_cap: bool = True) -> None:
-        t = local_tensor(t)
-        if t.is_sparse:
-            return
-        try:
-            st = t.untyped_storage()
-        except (RuntimeError, NotImplementedError):
-            return
-        if st in self._seen:
-            return
-        n = st.nbytes()
-        if check_cap and self.cap is not None and self.live + n > self.cap:
-            from .measure import CapExceeded
-
-            raise CapExceeded(n, self.live, self.cap)
-        cell = [tag, n]  # what this storage counts now, changed by resize()
-        self._seen[st] = tag
-        self._counted[st] = cell
-        self._add(tag, n)
-        weakref.finalize(st, self._free_cell, cell)
-
-    def _add(self, tag: str, n: int) -> None:
-        self.live += n
-        self.by_tag[tag] += n
-        if self.live > self.phase_peak:
-            self.phase_peak = self.live
-        if self.live > self.peak:
-            self.peak = self.live
-            self._snapshot()
-
-    def _free_cell(self, cell: list[Any]) -> None:
-        self._free(cell[0], cell[1])
-
-    def resized(self, t: torch.Tensor, tag: str = "gathered") -> None:
-        """Re-read the size of `t`'s storage after FSDP2 resized it; it counts under `tag` from now on."""
-        st = t.untyped_storage()
-        cell = self._counted.get(st)
-        if cell is None:
-            self._register(t, tag)
-            return
-        self._free(cell[0], cell[1])
-        cell[0], cell[1] = tag, st.nbytes()
-        self._add(tag, cell[1])
-
-
 @contextlib.contextmanager
-def _follow_fsdp_storage(ledger: _FsdpLedger):
+def _follow_fsdp_storage(ledger: TensorLedger):
     """Route FSDP2's alloc_storage/free_storage (module-level helpers) through the ledger."""
     from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
 
@@ -225,7 +170,7 @@ def measure_rank(spec: ModelSpec, setup: TrainSetup, precision: str, rank: int, 
     samples, pad_id = load_dataset(spec, setup)
     batches = micro_batches(samples, setup.batch_size, pad_id)[rank::world]
     follow = _follow_fsdp_storage if setup.shard == "fsdp" else None
-    result = measure(spec, setup, "cpu", precision, batches, ledger_type=_FsdpLedger,
+    result = measure(spec, setup, "cpu", precision, batches,
                      wrap=lambda model: wrap(model, setup.shard, world), follow=follow,
                      env={"backend": "gloo", "rank": rank, "world_size": world})
     result.notes.append(f"{world} CPU processes over gloo stand in for {world} GPUs ({setup.shard}); "

@@ -159,15 +159,34 @@ class TensorLedger(TorchDispatchMode):
         n = st.nbytes()
         if check_cap and self.cap is not None and self.live + n > self.cap:
             raise CapExceeded(n, self.live, self.cap)
-        self._seen[st] = tag
+        cell = [tag, n]  # what this storage counts now; `resized` changes it
+        self._seen[st] = cell
+        weakref.finalize(st, self._free_cell, cell)
+        self._add(tag, n)
+
+    def resized(self, t: torch.Tensor, tag: str = "gathered") -> None:
+        """Re-read the size of `t`'s storage after an in-place resize no operator shows (FSDP2 frees a
+        gathered layer by resizing its storage to zero); it counts under `tag` from now on."""
+        st = local_tensor(t).untyped_storage()
+        cell = self._seen.get(st)
+        if cell is None:
+            self._register(t, tag)
+            return
+        self._free(cell[0], cell[1])
+        cell[0], cell[1] = tag, st.nbytes()
+        self._add(tag, cell[1])
+
+    def _add(self, tag: str, n: int) -> None:
         self.live += n
         self.by_tag[tag] += n
-        weakref.finalize(st, self._free, tag, n)
         if self.live > self.phase_peak:
             self.phase_peak = self.live
         if self.live > self.peak:
             self.peak = self.live
             self._snapshot()
+
+    def _free_cell(self, cell: list[Any]) -> None:
+        self._free(cell[0], cell[1])
 
     def _free(self, tag: str, n: int) -> None:
         self.live -= n

@@ -81,17 +81,16 @@ def execute(spec: ModelSpec, setup: TrainSetup) -> Result:
 
 
 def measure(spec: ModelSpec, setup: TrainSetup, device: str, precision: str, batches: list,
-            ledger_type: Any = None, wrap: Any = None, follow: Any = None, env: dict | None = None) -> Result:
+            wrap: Any = None, follow: Any = None, env: dict | None = None) -> Result:
     """Build, train and measure on these micro-batches: the experiment shared by one process and by each
-    rank of a distributed run (which passes its ledger type, its model wrapper, a context that lets the
-    ledger follow FSDP's storage resizes, and its rank's environment)."""
+    rank of a distributed run (which passes its model wrapper, a context that lets the ledger follow
+    FSDP's storage resizes, and its rank's environment)."""
     import torch
 
     from .build import build_model, build_optimizer, trainable_parameters
     from .measure import CudaReader, LedgerReader, StateBytes, TensorLedger, requested_bytes, state_bytes
     from .train import Probe, TrainLog, train
 
-    ledger_type = ledger_type or TensorLedger
     dev = torch.device("cuda:0" if device == "cuda" else "cpu")
     cap = setup.cap_bytes()
     held: dict[str, Any] = {"model": None, "optimizer": None}
@@ -101,7 +100,7 @@ def measure(spec: ModelSpec, setup: TrainSetup, device: str, precision: str, bat
             return StateBytes(0, 0, 0)
         return state_bytes(held["model"], held["optimizer"])
 
-    ledger = ledger_type(live_state, cap=cap if device == "cpu" else None)
+    ledger = TensorLedger(live_state, cap=cap if device == "cpu" else None)
     reader = CudaReader(dev) if device == "cuda" else LedgerReader(ledger)
     if device == "cuda" and cap is not None:
         reader.cap(cap)
