@@ -218,3 +218,11 @@ def test_seed_api_with_training_arguments(tmp_path):
     assert r.status == "ok" and r.effective_batch == 4 and r.setup["peft"] == "lora"
     r2 = trainmem.gpu_memory_experiment(2, 1, True, model_id="tiny-llama", seq_len=32, steps=2, isolate=False)
     assert r2.setup["checkpointing"] and r2.status == "ok"
+
+
+def test_batch_larger_than_the_dummy_data_still_runs_full_micro_batches():
+    """A batch above --num-samples used to train on num_samples rows and report a batch that never ran."""
+    small, big = measure(batch_size=8, seq_len=64), measure(batch_size=16, seq_len=64)  # num_samples=8
+    assert big.memory["activations"] > 1.6 * small.memory["activations"]
+    assert any("--num-samples 8 is below --batch-size 16" in n for n in big.notes)
+    assert not any("--num-samples" in n for n in small.notes)

@@ -99,7 +99,7 @@ def micro_batches(dataset: list[Sample], batch_size: int, pad_id: int = 0) -> li
 def load_dataset(spec: Any, setup: Any) -> tuple[list[Sample], int]:
     """(samples, pad id) for the setup: the seed's dummy data or a tokenized local file."""
     if setup.data is None:
-        return dummy_dataset(setup.num_samples, setup.seq_len, spec.vocab_size, setup.labels, setup.seed), 0
+        return dummy_dataset(setup.dummy_samples(), setup.seq_len, spec.vocab_size, setup.labels, setup.seed), 0
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(spec.path)

@@ -48,9 +48,9 @@ def execute_distributed(spec: ModelSpec, setup: TrainSetup, device: str, precisi
     import torch.multiprocessing as mp
 
     n = setup.gpus
-    batches = math.ceil(setup.num_samples / setup.batch_size) if setup.data is None else None
+    batches = math.ceil(setup.dummy_samples() / setup.batch_size) if setup.data is None else None
     if batches is not None and batches < n:
-        raise SetupError([f"--gpus {n}: {setup.num_samples} samples make {batches} micro-batches, "
+        raise SetupError([f"--gpus {n}: {setup.dummy_samples()} samples make {batches} micro-batches, "
                           f"fewer than one per rank; use --num-samples {n * setup.batch_size} or more"])
     job = {"spec": {"name": spec.name, "config": spec.config, "source": spec.source, "path": spec.path},
            "setup": setup.to_dict(), "device": device, "precision": precision}

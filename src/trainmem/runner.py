@@ -74,10 +74,22 @@ def execute(spec: ModelSpec, setup: TrainSetup) -> Result:
         return train_with_trainer(spec, setup, device, precision)
     samples, pad_id = load_dataset(spec, setup)
     result = measure(spec, setup, device, precision, micro_batches(samples, setup.batch_size, pad_id))
+    result.notes.extend(_data_notes(setup, len(samples)))
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
     return result
+
+
+def _data_notes(setup: TrainSetup, samples: int) -> list[str]:
+    """Say when the data, not the flags, set the micro-batch: the numbers are about what really ran."""
+    if setup.data is None and samples > setup.num_samples:
+        return [f"--num-samples {setup.num_samples} is below --batch-size {setup.batch_size}: "
+                f"made {samples} dummy samples so each micro-batch is full"]
+    if setup.data is not None and samples < setup.batch_size:
+        return [f"--data has {samples} samples, fewer than --batch-size {setup.batch_size}: "
+                f"every micro-batch held only {samples}"]
+    return []
 
 
 def measure(spec: ModelSpec, setup: TrainSetup, device: str, precision: str, batches: list,

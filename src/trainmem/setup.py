@@ -60,7 +60,7 @@ class TrainSetup:
     labels: str = "random"
     """Dummy data labels: `random` (the seed: independent ids) or `copy` (labels = inputs)."""
     num_samples: int = 64
-    """Dummy data samples (the seed: 64)."""
+    """Dummy data samples (the seed: 64); raised to `batch_size` when smaller (see `dummy_samples`)."""
     data: str | None = None
     """A local .txt (one sample per line) or .jsonl (a "text" field) file instead of dummy data."""
     data_mode: str = "pad"
@@ -148,6 +148,12 @@ class TrainSetup:
                        seed=self.seed, max_steps=self.steps, use_cpu=self.device == "cpu")
         fields_.update(more)
         return TrainingArguments(**fields_)
+
+    def dummy_samples(self) -> int:
+        """How many dummy samples a run makes: `num_samples`, but never fewer than one full micro-batch.
+        A batch larger than the data would silently train on smaller micro-batches and make every
+        memory number (and max-batch's search) about a batch that never ran."""
+        return max(self.num_samples, self.batch_size)
 
     # --- validation ---------------------------------------------------------------------------
     def problems(self, spec: Any = None) -> list[str]:
