@@ -1,14 +1,29 @@
 #!/usr/bin/env bash
-# What produced docs/run-chapter-h200.md, docs/run-overhead-h200.md and the estimator validation:
-# run from the repo root on the GPU machine with OUT set to a folder.
-# Two calls: `bash benchmarks/gpu_session.sh` (GPU tests, validation, overhead), then `CHAPTER=1 bash ...`.
+# What produced the GPU tables in docs/: run from the repo root on the GPU machine with OUT set to a folder.
+#   bash benchmarks/gpu_session.sh             GPU tests, estimator validation, overhead (first session)
+#   CHAPTER=1 bash benchmarks/gpu_session.sh   the chapter's seven runs, uncapped and under a T4 cap
+#   SWEEP=1 bash benchmarks/gpu_session.sh     GPU tests, allocator traces, `trainmem sweep --preset chapter --gpu T4`
+#   MAXBATCH=1 bash benchmarks/gpu_session.sh  `trainmem max-batch` confirmed with real runs, 3 cards x 3 methods
+#   MAXBATCH="T4:qlora ..." with SWEEP=1           those max-batch combinations alongside the sweep (their caps
+#                                                  and the sweep's T4 cap together stay under the card)
 # bitsandbytes comes as a wheel in .whl/ (the GPU image has none).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD/src || exit
 export PYTHONUNBUFFERED=1
 set -o pipefail
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee $OUT/gpu.txt
 python3 -c "import torch,transformers,peft,accelerate,bitsandbytes;print(torch.__version__,transformers.__version__,peft.__version__,accelerate.__version__,bitsandbytes.__version__, torch.cuda.get_device_properties(0).total_memory)" | tee -a $OUT/gpu.txt
-[ "${CHAPTER:-0}" = 1 ] || timeout 120 python3 -m pytest -q tests/gpu -p no:cacheprovider 2>&1 | tail -15 | tee $OUT/gpu-tests.txt
-[ "${CHAPTER:-0}" = 1 ] || timeout 300 python3 benchmarks/validate.py measure $OUT 2>&1 | grep -v Warning | tail -45
-[ "${CHAPTER:-0}" = 1 ] && timeout 400 python3 benchmarks/chapter.py $OUT 2>&1 | tail -25
-[ "${CHAPTER:-0}" = 1 ] || timeout 100 python3 benchmarks/overhead.py $OUT 2>&1 | tail -12
+if [ "${CHAPTER:-0}" = 1 ]; then
+  timeout 400 python3 benchmarks/chapter.py $OUT 2>&1 | tail -25
+elif [ "${SWEEP:-0}" = 1 ]; then
+  if [ -n "${MAXBATCH:-}" ]; then timeout 560 python3 benchmarks/maxbatch_gpu.py $OUT $MAXBATCH > $OUT/max-batch.log 2>&1 & fi
+  timeout 220 python3 -m trainmem sweep --preset chapter --gpu T4 --method both --out $OUT/sweep.jsonl 2>&1 | tail -20
+  timeout 180 python3 benchmarks/allocator_trace.py $OUT 2>&1 | grep -v Warning | tail -12
+  timeout 150 python3 -m pytest -q tests/gpu -p no:cacheprovider 2>&1 | tail -15 | tee $OUT/gpu-tests.txt
+  wait
+elif [ "${MAXBATCH:-0}" = 1 ]; then
+  timeout 570 python3 benchmarks/maxbatch_gpu.py $OUT 2>&1 | tail -12
+else
+  timeout 120 python3 -m pytest -q tests/gpu -p no:cacheprovider 2>&1 | tail -15 | tee $OUT/gpu-tests.txt
+  timeout 300 python3 benchmarks/validate.py measure $OUT 2>&1 | grep -v Warning | tail -45
+  timeout 100 python3 benchmarks/overhead.py $OUT 2>&1 | tail -12
+fi

@@ -1,0 +1,57 @@
+"""Record the CUDA caching allocator's own event trace for some validation setups.
+
+    python benchmarks/allocator_trace.py OUT_DIR [INDEX ...]    # on the GPU: OUT_DIR/traces.json.gz
+
+Each setup (an index into validate.SETUPS) runs as in validate.py, under
+`torch.cuda.memory._record_memory_history`; the trace keeps, per event, its action (alloc,
+free_completed, segment_alloc, ...), size and address, no stack frames. The estimator's allocator replay
+(trainmem.estimator.allocator) is checked against these: replaying the real alloc/free sequence must give
+the real segments, and the simulated sequence should come close to it.
+"""
+
+from __future__ import annotations
+
+import gc
+import gzip
+import json
+import os
+import sys
+import time
+
+from validate import MODELS, SETUPS
+
+DEFAULT = [0, 1, 3, 6, 7, 14, 22, 26, 35]
+
+
+def main(out_dir: str, indices: list[int]) -> int:
+    import torch
+
+    import trainmem
+    from trainmem.runner import execute
+
+    os.makedirs(out_dir, exist_ok=True)
+    traces = []
+    for i in indices:
+        arch, kw = SETUPS[i]
+        gc.collect()
+        torch.cuda.empty_cache()
+        t0 = time.time()
+        torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=3_000_000)
+        start = torch.cuda.memory._snapshot()["segments"]
+        r = execute(trainmem.ModelSpec.resolve(MODELS[arch]), trainmem.TrainSetup(steps=3, **kw))
+        snap = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        events = [(e["action"], e["addr"], e["size"], e.get("stream", 0)) for e in snap["device_traces"][0]]
+        traces.append({"index": i, "arch": arch, "setup": kw, "status": r.status, "memory": r.memory,
+                       "start_segments": [(s["address"], s["total_size"], s["segment_type"],
+                                           [(b["size"], b["state"]) for b in s["blocks"]]) for s in start],
+                       "events": events})
+        print(f"{i} {arch} {kw} {r.status} events={len(events)} reserved={r.memory['peak_reserved'] / 2**30:.3f} GiB "
+              f"({time.time() - t0:.0f}s)", flush=True)
+        with gzip.open(os.path.join(out_dir, "traces.json.gz"), "wt") as f:
+            json.dump({"torch": torch.__version__, "traces": traces}, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], [int(a) for a in sys.argv[2:]] or DEFAULT))
