@@ -4,9 +4,10 @@
 
 Each setup (an index into validate.SETUPS) runs as in validate.py, under
 `torch.cuda.memory._record_memory_history`; the trace keeps, per event, its action (alloc,
-free_completed, segment_alloc, ...), size and address, no stack frames. The estimator's allocator replay
+free_completed, segment_alloc, ...), size and address. The estimator's allocator replay
 (trainmem.estimator.allocator) is checked against these: replaying the real alloc/free sequence must give
-the real segments, and the simulated sequence should come close to it.
+the real segments, and the simulated sequence should come close to it. Allocations of 1 MiB or more keep
+their three innermost Python frames.
 """
 
 from __future__ import annotations
@@ -23,6 +24,14 @@ from validate import MODELS, SETUPS
 DEFAULT = [0, 1, 3, 6, 7, 14, 22, 26, 35]
 
 
+def _where(event: dict) -> str:
+    """The innermost Python frames of an allocation of 1 MiB or more (to tell which operator made it)."""
+    if event["action"] != "alloc" or event["size"] < 2**20:
+        return ""
+    frames = [f for f in event.get("frames", []) if f.get("filename", "").endswith(".py")][:3]
+    return " < ".join(f"{os.path.basename(f['filename'])}:{f['line']}:{f['name']}" for f in frames)
+
+
 def main(out_dir: str, indices: list[int]) -> int:
     import torch
 
@@ -36,12 +45,12 @@ def main(out_dir: str, indices: list[int]) -> int:
         gc.collect()
         torch.cuda.empty_cache()
         t0 = time.time()
-        torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=3_000_000)
+        torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python", max_entries=3_000_000)
         start = torch.cuda.memory._snapshot()["segments"]
         r = execute(trainmem.ModelSpec.resolve(MODELS[arch]), trainmem.TrainSetup(steps=3, **kw))
         snap = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(enabled=None)
-        events = [(e["action"], e["addr"], e["size"], e.get("stream", 0)) for e in snap["device_traces"][0]]
+        events = [(e["action"], e["addr"], e["size"], e.get("stream", 0), _where(e)) for e in snap["device_traces"][0]]
         traces.append({"index": i, "arch": arch, "setup": kw, "status": r.status, "memory": r.memory,
                        "start_segments": [(s["address"], s["total_size"], s["segment_type"],
                                            [(b["size"], b["state"]) for b in s["blocks"]]) for s in start],

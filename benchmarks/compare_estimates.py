@@ -5,7 +5,9 @@
 For each measured row: trainmem's analytic and simulate methods (simulate where it models the setup) and
 the default (`auto`), accelerate's "training with Adam" figure (4 x the model size in the load dtype) and
 the 16-bytes-per-parameter rule, as relative errors of `peak_allocated` against
-`torch.cuda.max_memory_allocated`, plus `device_used` against cudaMemGetInfo.
+`torch.cuda.max_memory_allocated`, plus the default's `peak_reserved` against
+`torch.cuda.max_memory_reserved` (simulate: the allocator replay; analytic: the calibrated ratio) and
+`device_used` against cudaMemGetInfo.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ def err(est: float, meas: float) -> float:
 
 def compare(path: str, out: str | None = None) -> int:
     rows = [json.loads(l) for l in open(path)]
-    table, errs = [], {"analytic": [], "simulate": [], "auto": [], "device": [], "accelerate": [], "16B": []}
+    table, errs = [], {"analytic": [], "simulate": [], "auto": [], "device": [], "accelerate": [], "16B": [],
+                       "reserved": [], "reserved (replay)": [], "reserved (ratio)": [],
+                       "device (replay)": [], "device (ratio)": []}
     times = {"analytic": [], "simulate": []}
     oom_fits = 0
     for r in rows:
@@ -50,6 +54,10 @@ def compare(path: str, out: str | None = None) -> int:
         auto = estimate(spec, s, "auto")
         errs["auto"].append(err(auto.peak, meas))
         errs["device"].append(err(auto.memory["device_used"], r["memory"]["device_used"]))
+        errs["reserved"].append(err(auto.memory["peak_reserved"], r["memory"]["peak_reserved"]))
+        how = "replay" if auto.method == "simulate" else "ratio"  # simulate replays the allocator
+        errs[f"reserved ({how})"].append(errs["reserved"][-1])
+        errs[f"device ({how})"].append(errs["device"][-1])
         if r["status"] == "oom" and auto.fits(r["setup"].get("gpu") or "H200"):
             oom_fits += 1
         n = spec.parameter_count
@@ -64,17 +72,19 @@ def compare(path: str, out: str | None = None) -> int:
         table.append(f"| {label} | {meas / GiB:.3f} | {r['peak_phase']} | {res['analytic'].peak / GiB:.3f} "
                      f"({100 * err(res['analytic'].peak, meas):+.1f}%) | "
                      + (f"{sim.peak / GiB:.3f} ({100 * err(sim.peak, meas):+.1f}%)" if sim else "-")
-                     + f" | {100 * errs['auto'][-1]:+.1f}% | {100 * errs['device'][-1]:+.1f}% "
+                     + f" | {100 * errs['auto'][-1]:+.1f}% | {100 * errs['reserved'][-1]:+.1f}% ({how}) "
+                     f"| {100 * errs['device'][-1]:+.1f}% "
                      f"| {100 * errs['accelerate'][-1]:+.0f}% | {100 * errs['16B'][-1]:+.0f}% |")
 
     def summary(name: str) -> str:
         a = [abs(x) for x in errs[name]]
         return f"| {name} | {len(a)} | {100 * statistics.median(a):.2f}% | {100 * max(a):.2f}% |"
 
-    lines = ["| setup | measured peak GiB | measured peak phase | analytic | simulate | auto | device_used "
-             "| accelerate | 16 B/param |", "|---|---|---|---|---|---|---|---|---|"] + table
+    lines = ["| setup | measured peak GiB | measured peak phase | analytic | simulate | auto | peak_reserved "
+             "| device_used | accelerate | 16 B/param |", "|---|---|---|---|---|---|---|---|---|---|"] + table
     lines += ["", "| method | setups | median abs error | worst abs error |", "|---|---|---|---|"]
-    lines += [summary(k) for k in ("auto", "analytic", "simulate", "device", "accelerate", "16B")]
+    lines += [summary(k) for k in ("auto", "analytic", "simulate", "reserved", "reserved (replay)", "reserved (ratio)",
+                                   "device", "device (replay)", "device (ratio)", "accelerate", "16B")]
     lines += ["", f"analytic: median {1000 * statistics.median(times['analytic']):.1f} ms per setup; "
               f"simulate: median {statistics.median(times['simulate']):.2f} s, max {max(times['simulate']):.2f} s "
               f"(this machine); measured OOMs estimated as fitting: {oom_fits}"]

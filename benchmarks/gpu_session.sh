@@ -17,7 +17,7 @@ if [ "${CHAPTER:-0}" = 1 ]; then
 elif [ "${SWEEP:-0}" = 1 ]; then
   if [ -n "${MAXBATCH:-}" ]; then timeout 560 python3 benchmarks/maxbatch_gpu.py $OUT $MAXBATCH > $OUT/max-batch.log 2>&1 & fi
   timeout 220 python3 -m trainmem sweep --preset chapter --gpu T4 --method both --out $OUT/sweep.jsonl 2>&1 | tail -20
-  timeout 180 python3 benchmarks/allocator_trace.py $OUT 2>&1 | grep -v Warning | tail -12
+  timeout 180 python3 benchmarks/allocator_trace.py $OUT ${TRACES:-} 2>&1 | grep -v Warning | tail -12
   timeout 150 python3 -m pytest -q tests/gpu -p no:cacheprovider 2>&1 | tail -15 | tee $OUT/gpu-tests.txt
   wait
 elif [ "${MAXBATCH:-0}" = 1 ]; then

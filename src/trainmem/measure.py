@@ -135,6 +135,17 @@ class TensorLedger(TorchDispatchMode):
         self.peak_split: dict[str, int] = {}
         self.peak_phase = ""
         self._cached_state: StateBytes | None = None
+        self.events: list[tuple[int, int]] | None = None
+        """With `record()`: (storage key, bytes) per allocation and (key, -1) per free, in order, for the
+        allocator replay (`trainmem.estimator.allocator`)."""
+        self._keys = 0
+        self.kernel_temporaries: Callable[[Any, tuple, Any], Iterable[int]] | None = None
+        """Bytes an operator's kernel allocates and frees inside itself, which no dispatch shows (the
+        simulate method's model of CUDA kernels); each is counted for that moment, after the outputs."""
+
+    def record(self) -> TensorLedger:
+        self.events = []
+        return self
 
     def adopt(self, tensors: Iterable[torch.Tensor], tag: str = "state") -> None:
         """Count storages that existed before the ledger started (weights, optimizer states)."""
@@ -159,10 +170,16 @@ class TensorLedger(TorchDispatchMode):
         n = st.nbytes()
         if check_cap and self.cap is not None and self.live + n > self.cap:
             raise CapExceeded(n, self.live, self.cap)
-        cell = [tag, n]  # what this storage counts now; `resized` changes it
+        cell = [tag, n, self._new_key(n)]  # what this storage counts now; `resized` changes it
         self._seen[st] = cell
         weakref.finalize(st, self._free_cell, cell)
         self._add(tag, n)
+
+    def _new_key(self, n: int) -> int:
+        self._keys += 1
+        if self.events is not None:
+            self.events.append((self._keys, n))
+        return self._keys
 
     def resized(self, t: torch.Tensor, tag: str = "gathered") -> None:
         """Re-read the size of `t`'s storage after an in-place resize no operator shows (FSDP2 frees a
@@ -172,8 +189,9 @@ class TensorLedger(TorchDispatchMode):
         if cell is None:
             self._register(t, tag)
             return
-        self._free(cell[0], cell[1])
+        self._free_cell(cell)
         cell[0], cell[1] = tag, st.nbytes()
+        cell[2] = self._new_key(cell[1])
         self._add(tag, cell[1])
 
     def _add(self, tag: str, n: int) -> None:
@@ -186,6 +204,8 @@ class TensorLedger(TorchDispatchMode):
             self._snapshot()
 
     def _free_cell(self, cell: list[Any]) -> None:
+        if self.events is not None:
+            self.events.append((cell[2], -1))
         self._free(cell[0], cell[1])
 
     def _free(self, tag: str, n: int) -> None:
@@ -209,6 +229,13 @@ class TensorLedger(TorchDispatchMode):
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self._register(t, tag)
+        if self.kernel_temporaries is not None:
+            for n in self.kernel_temporaries(func, args, out):
+                key = self._new_key(n)
+                self._add("other", n)
+                self._free("other", n)
+                if self.events is not None:
+                    self.events.append((key, -1))
         return out
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..setup import TrainSetup
 from ..specs import ModelSpec
-from . import analytic, runtime, sharding, states
+from . import allocator, analytic, runtime, sharding, states
 from .breakdown import ADVICE, Breakdown
 from .simulate import UNSUPPORTED, simulate_step, supports
 
@@ -65,14 +65,17 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
                                   f"and {UNSUPPORTED}"]) from None
             notes.append(f"the analytic method does not know {spec.name}'s modules ({e}): simulated instead")
             method = "simulate"
+    reserved = None
     if method == "simulate":
-        memory, phase, terms = _simulate(spec, setup, precision)
+        memory, phase, terms, reserved = _simulate(spec, setup, precision, notes)
     else:
         memory, phase, terms = _analytic(inv, setup, precision, model_states, notes)
     if setup.optimizer == "paged-adamw-8bit":
         memory["peak_allocated"] -= memory["optimizer"]
         memory["optimizer"] = 0
-    memory["peak_reserved"] = int(memory["peak_allocated"] * runtime.RESERVED_OVER_ALLOCATED)
+    # simulate replays its allocations through the caching allocator's policy; analytic has no event
+    # order to replay and takes the measured median gap
+    memory["peak_reserved"] = reserved if reserved is not None else int(memory["peak_allocated"] * runtime.RESERVED_OVER_ALLOCATED)
     paged = model_states["optimizer"] if setup.optimizer == "paged-adamw-8bit" else 0
     memory["device_used"] = memory["peak_reserved"] + runtime.DEVICE_OVERHEAD + paged
     return Breakdown(method, memory, model_states, phase, resolved.to_dict(), model, runtime.DEVICE_OVERHEAD,
@@ -143,14 +146,33 @@ def _lora_inputs(inv: states.Inventory, setup: TrainSetup, layers: int) -> int:
     return widths // layers
 
 
-def _simulate(spec: ModelSpec, setup: TrainSetup, precision: str) -> tuple[dict[str, int], str, dict[str, int]]:
+def _simulate(spec: ModelSpec, setup: TrainSetup, precision: str,
+              notes: list[str]) -> tuple[dict[str, int], str, dict[str, int], int]:
     model = states.meta_model(spec, setup, precision)
     ledger, _ = simulate_step(model, setup)
     memory = dict(ledger.peak_split)
     memory["other"] += runtime.CUBLAS_WORKSPACE
     memory["peak_allocated"] = ledger.peak + runtime.CUBLAS_WORKSPACE
     phase = "optimizer step" if ledger.peak_phase.endswith("optimizer") else "forward/backward"
-    return memory, phase, {"simulated_peak": ledger.peak, "cublas_workspace": runtime.CUBLAS_WORKSPACE}
+    reserved = _replay(ledger.events or [], setup.cap_bytes(), notes)
+    return memory, phase, {"simulated_peak": ledger.peak, "cublas_workspace": runtime.CUBLAS_WORKSPACE,
+                           "replayed_reserved": reserved}, reserved
+
+
+def _replay(events: list[tuple[int, int]], cap: int | None, notes: list[str]) -> int:
+    """Peak reserved bytes of the simulated step under the caching allocator's policy, under the cap
+    `--gpu`/`--memory-cap` sets (where a full allocator frees its cached segments and retries). A step
+    that runs out under the cap reports the cap plus the request that failed, so it does not fit."""
+    a = allocator.CachingAllocator(cap=cap)
+    try:
+        for i in range(runtime.CUBLAS_HANDLES):  # one workspace segment per cuBLAS handle, held all run
+            a.malloc(("cublas", i), runtime.CUBLAS_WORKSPACE // runtime.CUBLAS_HANDLES)
+        allocator.replay(events, allocator=a)
+    except allocator.AllocatorOOM as e:
+        notes.append(f"the allocator replay runs out of memory under the {e.cap / 2**30:.2f} GiB cap "
+                     f"(a {e.requested / 2**20:.0f} MiB request with {e.reserved / 2**30:.2f} GiB reserved)")
+        return e.cap + e.requested
+    return a.peak_reserved
 
 
 __all__ = ["estimate", "Breakdown", "METHODS", "ADVICE"]

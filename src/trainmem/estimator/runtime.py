@@ -12,9 +12,13 @@ CUBLAS_WORKSPACE = 64 * MiB
 """Two cuBLAS handles (the forward thread's and autograd's) x 32 MiB on Hopper; measured as the gap between
 `memory_allocated` after the first step and weights + gradients + states (0.0625 GiB in every full run)."""
 
+CUBLAS_HANDLES = 2
+"""The workspace is one 32 MiB caching-allocator block per handle, each in its own segment."""
+
 RESERVED_OVER_ALLOCATED = 1.096
 """Median of peak_reserved / peak_allocated over the 36 validation runs (range 1.02-1.29): the caching
-allocator's rounding and cached free blocks. `expandable_segments:True` would narrow it."""
+allocator's rounding and cached free blocks. Only the analytic method uses it; simulate replays its
+allocations through the allocator's policy (`allocator.py`). `expandable_segments:True` would narrow it."""
 
 DEVICE_OVERHEAD = 773 * MiB
 """Device memory beyond the allocator's reservations at the peak (device_used - peak_reserved): the CUDA

@@ -8,6 +8,8 @@ CUDA-specific choices are modelled explicitly, because the meta device would oth
   except for fp32 with grouped KV heads, which CUDA also runs on the math path;
 - dropout keeps a 1-byte mask, as CUDA's fused kernel does (the CPU decomposition keeps a float mask);
 - AdamW runs with `foreach=True`, the CUDA default, whose temporaries are part of the step peak.
+The ledger records every allocation and free in order, so that `allocator.replay` can turn the step into
+the caching allocator's reserved bytes.
 Not modelled (the analytic method handles them): autocast (meta tensors take no autocast path) and
 bitsandbytes (4-bit weights and 8-bit optimizers have no meta kernels).
 """
@@ -43,8 +45,12 @@ class _FlashSDPA(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
         q, k, v, out, lse = ctx.saved_tensors
-        workspace = q.new_empty(q.shape, dtype=torch.float32)  # flash-2 accumulates dq in fp32
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        # then one fp32 workspace, freed when the kernel ends: 4 * b * h * s * (D + 1) + 256 bytes, with s
+        # and the head size D rounded up to 128 (H200 traces of GPT-NeoX, Llama and Qwen2, torch 2.11)
+        b, h, s, d = q.shape
+        s128, d128 = -(-s // 128) * 128, -(-d // 128) * 128
+        workspace = q.new_empty((4 * b * h * s128 * (d128 + 1) + 256,), dtype=torch.uint8)
         del workspace
         return dq, dk, dv
 
@@ -95,6 +101,17 @@ def cuda_choices(attention: str) -> Iterator[None]:
         F.scaled_dot_product_attention, F.dropout, masking.find_packed_sequence_indices = saved
 
 
+def cuda_kernel_temporaries(func: Any, args: tuple, out: Any) -> list[int]:
+    """Buffers CUDA kernels allocate inside themselves, seen in H200 allocator traces (torch 2.11):
+    the embedding backward's fp32 per-segment partial sums, (n // 10 + min(n, vocabulary)) rows of the
+    hidden size for n token ids."""
+    if func is torch.ops.aten.embedding_dense_backward.default:
+        grad, indices, num_weights = args[0], args[1], args[2]
+        n = indices.numel()
+        return [4 * (n // 10 + min(n, num_weights)) * grad.shape[-1]]
+    return []
+
+
 def simulate_step(model: Any, setup: TrainSetup) -> tuple[TensorLedger, StateBytes]:
     """Two optimizer steps (states appear in the first) of the setup's accumulation on meta tensors."""
     from ..build import build_optimizer
@@ -109,7 +126,8 @@ def simulate_step(model: Any, setup: TrainSetup) -> tuple[TensorLedger, StateByt
         optimizer = torch.optim.AdamW(params, lr=setup.lr, foreach=setup.optimizer == "adamw")
     else:
         optimizer = build_optimizer(model, setup)
-    ledger = TensorLedger(lambda: state_bytes(model, optimizer))
+    ledger = TensorLedger(lambda: state_bytes(model, optimizer)).record()  # events for the allocator replay
+    ledger.kernel_temporaries = cuda_kernel_temporaries
     ledger.adopt(list(model.parameters()) + list(model.buffers()))
     ids = torch.zeros((setup.batch_size, setup.seq_len), dtype=torch.long, device="meta")
     batch = {"input_ids": ids, "labels": ids}
