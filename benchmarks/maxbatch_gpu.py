@@ -4,9 +4,10 @@
 
 With CARD:METHOD arguments (e.g. T4:qlora) only those combinations run.
 
-Each combination is one `trainmem max-batch --json` process (its trials are isolated runs capped to the
-card). Several combinations run at once on one big GPU while the sum of their caps stays under
-BUDGET_GIB, so a trial can only run out of memory at its own cap, never because a neighbour took the card.
+Each combination is one `trainmem max-batch --json` process (its trials are isolated runs under a cap of
+RELAX times the card, see `trainmem.maxbatch`). Several combinations run at once on one big GPU while the
+sum of their caps stays under BUDGET_GIB, so a trial can only run out of memory at its own cap, never
+because a neighbour took the card.
 Answers are appended as they finish, each with its wall time.
 """
 
@@ -17,6 +18,8 @@ import os
 import subprocess
 import sys
 import time
+
+from trainmem.maxbatch import RELAX
 
 CARDS = {"T4": 15, "A100-40GB": 40, "H100-80GB": 80}
 METHODS = {"full": [], "lora": ["--peft", "lora"], "qlora": ["--peft", "qlora", "--checkpointing"]}
@@ -34,14 +37,14 @@ def main(out_dir: str, only: list[str]) -> int:
                   key=lambda cm: -CARDS[cm[0]])
     running: dict[tuple[str, str], tuple[subprocess.Popen, float]] = {}
     while todo or running:
-        used = sum(CARDS[c] + 1 for c, _ in running)
+        used = sum(RELAX * CARDS[c] + 1 for c, _ in running)
         for cm in list(todo):
-            if used + CARDS[cm[0]] + 1 <= budget:
+            if used + RELAX * CARDS[cm[0]] + 1 <= budget:
                 cmd = [sys.executable, "-m", "trainmem", "max-batch", "--model", "polyglot-ko-1.3b", "--precision", "fp16",
                        "--gpu", cm[0], "--json", *METHODS[cm[1]]]
                 running[cm] = (subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True), time.time())
                 todo.remove(cm)
-                used += CARDS[cm[0]] + 1
+                used += RELAX * CARDS[cm[0]] + 1
         time.sleep(1)
         for cm, (proc, t0) in list(running.items()):
             if proc.poll() is None:

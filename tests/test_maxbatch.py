@@ -8,13 +8,26 @@ import sys
 
 import pytest
 
-from trainmem.maxbatch import Oracle, accumulation_for, largest, power_of_two, refine
+from trainmem.maxbatch import Measured, Oracle, accumulation_for, largest, newton, power_of_two
+
+
+GB = 10**9
 
 
 def fake_card(answer: int) -> Oracle:
     """Memory of 3 GB + 0.7 GB a sample on a card where exactly `answer` samples fit."""
     capacity = 3.0 + 0.7 * answer + 0.35
     return Oracle(lambda b: 3.0 + 0.7 * b <= capacity)
+
+
+def fake_runs(answer: int, per_sample: float = 0.7, oom_above: int | None = None) -> Measured:
+    """Real runs on a card where exactly `answer` samples fit: 3 GB + `per_sample` GB a sample, measured
+    to the byte; batches above `oom_above` run out of memory even under the relaxed cap (no bytes)."""
+    budget = int((3.0 + per_sample * answer + per_sample / 2) * GB)
+    return Measured(lambda b: None if oom_above and b > oom_above else int((3.0 + per_sample * b) * GB), budget)
+
+
+ESTIMATED_SLOPE = lambda b: 0.7 * GB  # noqa: E731  the estimate's bytes per sample
 
 
 @pytest.mark.parametrize("answer", [1, 2, 5, 37, 64, 1000])
@@ -28,23 +41,37 @@ def test_estimate_search_finds_the_answer_in_log_trials(answer):
 def test_nothing_fits():
     oracle = fake_card(0)
     assert largest(oracle) == 0 and oracle.tried == [(1, False)]
-    assert refine(fake_card(0), 3) == 0
+    runs = fake_runs(0)
+    assert newton(runs, 3, ESTIMATED_SLOPE) == 0 and runs.tried == [(3, False), (1, False)]
 
 
 def test_a_right_prediction_is_confirmed_with_two_runs():
-    real = fake_card(37)
-    assert refine(real, 37) == 37
+    real = fake_runs(37)
+    assert newton(real, 37, ESTIMATED_SLOPE) == 37
     assert real.tried == [(37, True), (38, False)]
     assert power_of_two(fake_card(37)) == (32, 7)  # 1, 2, 4, 8, 16, 32 fit, 64 does not
 
 
-def test_a_wrong_prediction_is_corrected_both_ways():
-    low = fake_card(40)
-    assert refine(low, 37) == 40
-    assert low.tried == [(37, True), (38, True), (40, True), (44, False), (42, False), (41, False)]
-    high = fake_card(30)
-    assert refine(high, 37) == 30
-    assert high.tried == [(37, False), (36, False), (34, False), (30, True), (32, False), (31, False)]
+@pytest.mark.parametrize("answer", [30, 36, 40, 90])
+def test_a_wrong_prediction_is_corrected_in_one_step(answer):
+    runs = fake_runs(answer)
+    assert newton(runs, 37, ESTIMATED_SLOPE) == answer
+    closing = [] if answer + 1 == 37 else [(answer + 1, False)]  # 37 itself already showed it does not fit
+    assert runs.tried == [(37, answer >= 37), (answer, True), *closing]
+
+
+def test_a_wrong_slope_is_replaced_by_the_measured_one():
+    """The estimate says 0.7 GB a sample, the card needs 1.0: the second step uses the two runs' own slope."""
+    runs = fake_runs(60, per_sample=1.0)
+    assert newton(runs, 30, ESTIMATED_SLOPE) == 60
+    assert runs.trials <= 4 and runs.tried[-1] == (61, False)
+    assert all(ok == (b <= 60) for b, ok in runs.tried)
+
+
+def test_runs_out_of_memory_under_the_relaxed_cap_halve_until_one_measures():
+    runs = fake_runs(4, oom_above=6)
+    assert newton(runs, 10, ESTIMATED_SLOPE) == 4
+    assert runs.tried == [(10, False), (5, False), (4, True)]
 
 
 def test_target_batch_uses_the_largest_divisor():
@@ -69,3 +96,14 @@ def test_command_needs_a_card():
                         "--target-batch", "0"], capture_output=True, text=True)
     assert p.returncode == 2 and "--gpu: max-batch needs the card" in p.stderr
     assert "--target-batch: expected a whole number >= 1" in p.stderr
+
+
+def test_allocator_steps_do_not_turn_the_search_into_a_walk():
+    """Real peaks rise in steps (a new large segment every few samples) and the estimate's slope is only
+    close: the search still bisects when a step overshoots instead of walking one batch at a time."""
+    def staircase(b: int) -> int:
+        return int((60 + 0.1 * b + 4.0 * (b // 6)) * GB)
+    budget = staircase(132) + GB // 10
+    runs = Measured(staircase, budget)
+    assert newton(runs, 122, lambda b: 0.6 * GB) == max(b for b in range(1, 400) if staircase(b) <= budget)
+    assert runs.trials <= 7

@@ -1,8 +1,8 @@
 """Find the largest micro-batch that fits a card: searched on the estimate, confirmed with few real runs.
 
 Takes the setup flags of `trainmem run` and `--gpu NAME` (required). With CUDA, the estimate's answer is
-confirmed by real capped runs (the predicted batch and the next one when the estimate is right); without,
-the answer is the estimate's. `--target-batch N` adds the accumulation that reaches N samples a step.
+confirmed by real runs (the predicted batch and the next one when the estimate is right, a Newton step on
+the measured bytes when it is not; see `trainmem.maxbatch`); without, the answer is the estimate's. `--target-batch N` adds the accumulation that reaches N samples a step.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ..errors import SetupError
 from ..estimator import METHODS as ESTIMATORS
 from ..estimator import estimate
 from ..gpus import find_gpu
-from ..maxbatch import Oracle, accumulation_for, largest, power_of_two, refine
+from ..maxbatch import RELAX, Measured, Oracle, accumulation_for, largest, newton, power_of_two
 from ..runner import run
 from .options import add_setup_arguments, setup_from_args
 
@@ -75,14 +75,12 @@ def main(args: argparse.Namespace) -> int:
     answer: dict[str, Any] = {"model": spec.name, "gpu": card.name, "margin": margin, "predicted": predicted,
                               "estimates": predicted_by.trials, "confirmed": real}
     if real:
-        def fits_for_real(b: int) -> bool:
-            row = run(spec, searched.replace(batch_size=b))
-            return row.status == "ok" and row.memory["peak_reserved"] + card.context <= card.capacity * (1 - margin)
-
-        measured_by = Oracle(fits_for_real)
-        with console.status(f"confirming batch {predicted} with real runs capped to the {card.name}..."):
-            found = refine(measured_by, predicted)
-        answer.update(batch=found, trials=measured_by.trials, tried=measured_by.tried)
+        runs, notes = _real_runs(spec, searched, card, margin)
+        slope = _slope(lambda b: estimate(spec, searched.replace(batch_size=b), args.estimator).memory["peak_reserved"])
+        with console.status(f"confirming batch {predicted} with real runs measured against the {card.name}..."):
+            found = newton(runs, predicted, slope)
+        answer.update(batch=found, trials=runs.trials, tried=runs.tried, budget=runs.budget,
+                      measured={b: m for b, m in runs.used.items()}, notes=notes)
     else:
         found = predicted
         answer.update(batch=found, trials=0, tried=[])
@@ -95,6 +93,39 @@ def main(args: argparse.Namespace) -> int:
         return 0 if found else 1
     _print(console, answer, target)
     return 0 if found else 1
+
+
+def _real_runs(spec: Any, setup: Any, card: Any, margin: float) -> tuple[Measured, list[str]]:
+    """Real runs on this GPU, each measuring what the card would need (peak reserved + its context).
+
+    They run under a relaxed cap, not the card's: a run within the budget never reaches a cap, so it is
+    the card's run exactly, and a run over it still reports how far over, which is what `newton` steps by."""
+    import torch
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    relaxed = min(int(RELAX * card.usable), total)
+    notes = [] if total >= card.usable else [
+        f"this GPU has {total / 2**30:.1f} GiB, less than the {card.name}'s {card.usable / 2**30:.1f} GiB: "
+        "batches that need more than this GPU cannot be confirmed and count as not fitting"]
+
+    def measure(b: int) -> int | None:
+        row = run(spec, setup.replace(batch_size=b, gpu=None, memory_cap=relaxed))
+        if row.status == "oom":
+            return None
+        if row.status != "ok":
+            last = (row.error or "").strip().splitlines()[-1:] or ["no error text"]
+            raise SystemExit(f"trainmem max-batch: the real run at batch {b} failed: {last[0]}")
+        return int(row.memory["peak_reserved"]) + card.context
+
+    return Measured(measure, int(card.capacity * (1 - margin))), notes
+
+
+def _slope(reserved: Any) -> Any:
+    """Bytes per sample of the estimate around b, over a few samples so allocator steps average out."""
+    def slope(b: int) -> float:
+        k = max(1, b // 16)
+        return (reserved(b + k) - reserved(b)) / k
+    return slope
 
 
 def _print(console: Console, a: dict[str, Any], target: int | None) -> None:
