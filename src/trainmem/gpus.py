@@ -29,6 +29,11 @@ class GPU:
         """Bytes the caching allocator may reserve before this card runs out."""
         return self.capacity - self.context
 
+    def budget(self, margin: float) -> int:
+        """Bytes a run may need on this card (peak reserved + context) and still count as fitting,
+        keeping `margin` (a fraction of capacity) free: the one rule for estimates and real runs."""
+        return int(self.capacity * (1 - margin))
+
 
 def _gib(x: float) -> int:
     return int(x * GiB)

@@ -5,9 +5,9 @@ smaller one fits), so the same code runs against the estimator, a real GPU, or a
 model. `Oracle` counts the distinct batches it was asked about: for the real runs, that is the cost.
 
 Real runs say more than yes or no: they measure the bytes they used. `Measured` keeps those bytes and
-`newton` uses them, stepping from the run nearest the budget by its headroom over the per-sample slope
-(measured between two runs once there are two, the estimate's before), so a prediction that is off by
-many samples is corrected in one step instead of a gallop. That is why the confirming runs are given a
+`newton` uses them, stepping from the last run by its headroom over the per-sample slope (measured
+between runs `SPAN` or more samples apart, the estimate's before), so a prediction that is off by many
+samples is corrected in one step instead of a gallop. That is why the confirming runs are given a
 relaxed cap (`RELAX` times the card): a run over the card's budget still finishes and reports what it
 needed. A run whose peak stays within the budget never reaches either cap, so it is exactly the run the
 card would see.

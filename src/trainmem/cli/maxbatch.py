@@ -2,7 +2,8 @@
 
 Takes the setup flags of `trainmem run` and `--gpu NAME` (required). With CUDA, the estimate's answer is
 confirmed by real runs (the predicted batch and the next one when the estimate is right, a Newton step on
-the measured bytes when it is not; see `trainmem.maxbatch`); without, the answer is the estimate's. `--target-batch N` adds the accumulation that reaches N samples a step.
+the measured bytes when it is not; see `trainmem.maxbatch`); without, the answer is the estimate's.
+`--target-batch N` adds the accumulation that reaches N samples a step.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def main(args: argparse.Namespace) -> int:
         with console.status(f"confirming batch {predicted} with real runs measured against the {card.name}..."):
             found = newton(runs, predicted, slope)
         answer.update(batch=found, trials=runs.trials, tried=runs.tried, budget=runs.budget,
-                      measured={b: m for b, m in runs.used.items()}, notes=notes)
+                      measured=dict(runs.used), notes=notes)
     else:
         found = predicted
         answer.update(batch=found, trials=0, tried=[])
@@ -117,7 +118,7 @@ def _real_runs(spec: Any, setup: Any, card: Any, margin: float) -> tuple[Measure
             raise SystemExit(f"trainmem max-batch: the real run at batch {b} failed: {last[0]}")
         return int(row.memory["peak_reserved"]) + card.context
 
-    return Measured(measure, int(card.capacity * (1 - margin))), notes
+    return Measured(measure, card.budget(margin)), notes
 
 
 def _slope(reserved: Any) -> Any:

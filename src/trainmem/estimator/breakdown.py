@@ -43,7 +43,7 @@ class Breakdown:
         if card is None:
             raise ValueError(f"unknown GPU {gpu!r}")
         need = self.memory["peak_reserved"] + card.context
-        headroom = int(card.capacity * (1 - margin)) - need
+        headroom = card.budget(margin) - need
         parts = {k: self.memory[k] for k in ("weights", "gradients", "optimizer", "activations", "other")}
         cut = max(parts, key=parts.get)  # type: ignore[arg-type]
         return {"gpu": card.name, "fits": headroom >= 0, "headroom": headroom, "cut_first": cut,
