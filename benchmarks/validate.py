@@ -1,12 +1,16 @@
 """Estimator validation: measure 36 setups on a GPU, then compare every estimate with them.
 
     python benchmarks/validate.py measure OUT_DIR     # on the GPU: OUT_DIR/validation.jsonl
+    python benchmarks/validate.py isolated OUT_DIR [INDEX ...]   # each setup in its own process (`trainmem run`)
+    python benchmarks/validate.py held-out OUT_DIR    # the same, for HELD_OUT: setups the estimator was not fitted on
     python benchmarks/validate.py compare JSONL       # anywhere: the error table (docs/estimate-validation.md)
 
 Three architectures (GPT-NeoX, Llama, Qwen2), full/LoRA/QLoRA, fp32/fp16/bf16/amp, checkpointing on
 and off, batch 1 to 32, sequence 256 and 512. The measurements run one after another in one process
 (10 s of imports saved per setup); before each, the bytes still allocated are recorded in
 the row's notes (expected: only the 64 MiB of cuBLAS workspaces a process keeps), so a leak would show.
+`isolated` runs each setup as `trainmem run` does, in a fresh process, as a user's run would start: no
+cached segments or cuBLAS workspaces from an earlier setup (OUT_DIR/validation-isolated.jsonl).
 """
 
 from __future__ import annotations
@@ -57,6 +61,19 @@ SETUPS: list[tuple[str, dict]] = [
     ("qwen", dict(precision="bf16", batch_size=32, checkpointing=True)),
 ]
 
+HELD_OUT: list[tuple[str, dict]] = [
+    ("neox", dict(precision="bf16", batch_size=16, optimizer="adamw-8bit")),
+    ("neox", dict(precision="fp16", batch_size=8, peft="qlora", seq_len=512)),
+    ("llama", dict(precision="bf16", batch_size=8, peft="qlora", checkpointing=True, seq_len=512)),
+    ("llama", dict(precision="bf16", batch_size=2, grad_accum=2, optimizer="paged-adamw-8bit")),
+    ("qwen", dict(precision="bf16", batch_size=24, peft="qlora")),
+    ("qwen", dict(precision="fp16", batch_size=12, peft="lora", optimizer="adamw-8bit")),
+    ("llama3b", dict(precision="bf16", batch_size=8, peft="lora", checkpointing=True)),
+    ("qwen1.5b", dict(precision="bf16", batch_size=4, peft="qlora", attention="eager")),
+]
+"""Setups chosen after the estimator's allocator modelling was fitted to SETUPS, to check it on new ones."""
+MODELS.update({"llama3b": "llama-3.2-3b", "qwen1.5b": "qwen2.5-1.5b"})
+
 
 def measure(out_dir: str) -> int:
     import torch
@@ -82,10 +99,32 @@ def measure(out_dir: str) -> int:
     return 0
 
 
+def isolated(out_dir: str, indices: list[int], setups: list[tuple[str, dict]] = SETUPS,
+             name: str = "validation-isolated.jsonl") -> int:
+    import trainmem
+
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, name)
+    for i in indices or range(len(setups)):
+        arch, kw = setups[i]
+        t0 = time.time()
+        r = trainmem.run(MODELS[arch], trainmem.TrainSetup(steps=3, **kw), timeout=300)
+        r.append_to(path)
+        print(f"[{i}] {arch} {kw} {r.status} peak={r.memory['peak_allocated'] / 2**30:.3f} GiB "
+              f"reserved={r.memory['peak_reserved'] / 2**30:.3f} GiB ({time.time() - t0:.0f}s)", flush=True)
+        if r.status == "error":
+            print(r.error, file=sys.stderr)
+    return 0
+
+
 if __name__ == "__main__":
     cmd, arg = sys.argv[1], sys.argv[2]
     if cmd == "measure":
         sys.exit(measure(arg))
+    if cmd == "isolated":
+        sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]]))
+    if cmd == "held-out":
+        sys.exit(isolated(arg, [], HELD_OUT, "validation-held-out.jsonl"))
     from compare_estimates import compare  # noqa: E402
 
     sys.exit(compare(arg))

@@ -64,6 +64,13 @@ def test_cap_frees_cached_segments_then_runs_out():
     assert e.value.requested == 30 * MiB and e.value.cap == 100 * MiB
 
 
+def test_recorded_empty_cache_releases_the_free_segments():
+    from trainmem.measure import EMPTY_CACHE
+
+    a = replay([("x", 60 * MiB), ("y", 30 * MiB), ("x", -1), (EMPTY_CACHE, 0)])
+    assert a.reserved == 30 * MiB and a.peak_reserved == 90 * MiB
+
+
 def test_real_h200_trace_is_replayed_segment_for_segment():
     """polyglot-ko-1.3b fp16 batch 4 on the H200: 7,900 allocations. Replaying the real alloc/free order
     must ask for a new segment exactly where the real allocator did, of the same size, and reach the

@@ -48,7 +48,9 @@ def test_layer_term_by_hand_llama_and_neox():
 
 @pytest.mark.parametrize("name", ["tiny-gpt-neox", "tiny-llama", "tiny-qwen2"])
 @pytest.mark.parametrize("kw", [dict(batch_size=8, seq_len=256), dict(batch_size=8, seq_len=256, peft="lora"),
-                                dict(batch_size=8, seq_len=256, checkpointing=True)])
+                                dict(batch_size=8, seq_len=256, checkpointing=True),
+                                dict(batch_size=8, seq_len=256, peft="qlora"),
+                                dict(batch_size=8, seq_len=256, optimizer="adamw-8bit")])
 def test_analytic_and_simulate_agree_on_tiny_models(name, kw):
     spec = ModelSpec.resolve(name)
     setup = TrainSetup(precision="bf16", **kw)
@@ -68,6 +70,43 @@ def test_breakdown_adds_up_and_verdict():
     assert big.fits("A100-80GB")
     small = estimate(spec, TrainSetup(batch_size=4, precision="fp16"), "analytic")
     assert small.peak_phase == "optimizer step" and small.memory["activations"] == 0
+
+
+@pytest.mark.parametrize("kw", [dict(peft="qlora"), dict(peft="qlora", checkpointing=True),
+                                dict(optimizer="adamw-8bit"), dict(peft="lora", optimizer="adamw-8bit")])
+def test_simulated_bitsandbytes_states_equal_the_closed_form_rules(kw):
+    """The meta stand-ins (estimator/quantized.py) hold exactly the NF4 and 8-bit Adam bytes that
+    states.py computes and that H200 runs measured (docs/estimate-validation.md)."""
+    from trainmem.estimator.simulate import simulate_step
+
+    spec = ModelSpec.resolve("tiny-gpt-neox")
+    setup = TrainSetup(precision="bf16", batch_size=2, seq_len=32, **kw)
+    b = estimate(spec, setup, "simulate")
+    assert b.method == "simulate"
+    inv = states.inventory(spec, setup, "bf16")
+    from trainmem.estimator import _builder
+
+    ledger, final = simulate_step(_builder(spec, setup, "bf16"), setup)
+    assert (final.weights, final.optimizer) == (states.weights(inv), states.optimizer(inv, setup.optimizer))
+
+
+def test_simulation_records_the_build_and_cublas_workspaces_as_a_gpu_run_does():
+    from trainmem.estimator import _builder, runtime
+    from trainmem.estimator.simulate import simulate_step
+    from trainmem.measure import EMPTY_CACHE
+
+    spec = ModelSpec.resolve("tiny-qwen2")  # tied output head: allocated, then freed when tied
+    setup = TrainSetup(precision="bf16", batch_size=2, seq_len=32)
+    ledger, _ = simulate_step(_builder(spec, setup, "bf16"), setup)
+    sizes = {k: n for k, n in ledger.events if n >= 0}
+    head = spec.config["vocab_size"] * spec.config["hidden_size"] * 2
+    workspace = runtime.CUBLAS_WORKSPACE // runtime.CUBLAS_HANDLES
+    holds = [i for i, (k, n) in enumerate(ledger.events) if n == workspace]
+    frees = [i for i, (k, n) in enumerate(ledger.events) if n == -1 and sizes[k] == head]
+    assert len(holds) == runtime.CUBLAS_HANDLES  # one per handle, at its first matrix product
+    assert frees and frees[0] < holds[0]  # the untied head goes during the build, before any product
+    qlora = simulate_step(_builder(spec, setup.replace(peft="qlora"), "bf16"), setup.replace(peft="qlora"))[0]
+    assert (EMPTY_CACHE, 0) in qlora.events  # peft empties the cache after its fp32 casts
 
 
 def test_methods_and_fallbacks():

@@ -113,6 +113,10 @@ def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None)
 
 # --- the ledger ------------------------------------------------------------------------------------
 
+EMPTY_CACHE = "empty_cache"
+"""The key of a recorded event that releases the allocator's cached free segments."""
+
+
 class TensorLedger(TorchDispatchMode):
     """Counts live storage bytes created by operators, with peaks and a split of the peak.
 
@@ -151,6 +155,17 @@ class TensorLedger(TorchDispatchMode):
         """Count storages that existed before the ledger started (weights, optimizer states)."""
         for t in tensors:
             self._register(t, tag, check_cap=False)
+
+    def hold(self, n: int, tag: str = "other") -> None:
+        """Count an allocation no operator shows that stays for the rest of the run (the simulate
+        method's cuBLAS workspaces, which a CUDA kernel allocates on its first call)."""
+        self._new_key(n)
+        self._add(tag, n)
+
+    def empty_cache(self) -> None:
+        """Record a `torch.cuda.empty_cache()` for the allocator replay (peft calls it after its fp32 casts)."""
+        if self.events is not None:
+            self.events.append((EMPTY_CACHE, 0))
 
     def set_phase(self, phase: str) -> None:
         self.phase = phase

@@ -9,14 +9,19 @@ Two methods, the same breakdown (`memory` keys of a measurement):
 - `analytic`: closed-form terms (see `analytic.py`, `states.py`), milliseconds per setup once the
   model's parameter inventory is built;
 - `simulate`: the real model's step on the meta device under trainmem's tensor ledger (`simulate.py`).
-`auto` takes simulate where it models the setup and analytic otherwise (autocast, QLoRA, 8-bit).
+`auto` takes simulate where it models the setup and analytic otherwise (autocast).
 """
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
+import torch
+
+from ..measure import TensorLedger
 from ..setup import TrainSetup
 from ..specs import ModelSpec
-from . import allocator, analytic, runtime, sharding, states
+from . import allocator, analytic, quantized, runtime, sharding, states
 from .breakdown import ADVICE, Breakdown
 from .simulate import UNSUPPORTED, simulate_step, supports
 
@@ -77,8 +82,9 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
     # order to replay and takes the measured median gap
     memory["peak_reserved"] = reserved if reserved is not None else int(memory["peak_allocated"] * runtime.RESERVED_OVER_ALLOCATED)
     paged = model_states["optimizer"] if setup.optimizer == "paged-adamw-8bit" else 0
-    memory["device_used"] = memory["peak_reserved"] + runtime.DEVICE_OVERHEAD + paged
-    return Breakdown(method, memory, model_states, phase, resolved.to_dict(), model, runtime.DEVICE_OVERHEAD,
+    overhead = runtime.device_overhead(setup.attention, precision, setup.peft)
+    memory["device_used"] = memory["peak_reserved"] + overhead + paged
+    return Breakdown(method, memory, model_states, phase, resolved.to_dict(), model, overhead,
                      terms, tuple(notes))
 
 
@@ -148,15 +154,38 @@ def _lora_inputs(inv: states.Inventory, setup: TrainSetup, layers: int) -> int:
 
 def _simulate(spec: ModelSpec, setup: TrainSetup, precision: str,
               notes: list[str]) -> tuple[dict[str, int], str, dict[str, int], int]:
-    model = states.meta_model(spec, setup, precision)
-    ledger, _ = simulate_step(model, setup)
-    memory = dict(ledger.peak_split)
-    memory["other"] += runtime.CUBLAS_WORKSPACE
-    memory["peak_allocated"] = ledger.peak + runtime.CUBLAS_WORKSPACE
+    ledger, _ = simulate_step(_builder(spec, setup, precision), setup)
+    memory = dict(ledger.peak_split)  # cuBLAS workspaces included: the simulation allocates them
+    memory["peak_allocated"] = ledger.peak
     phase = "optimizer step" if ledger.peak_phase.endswith("optimizer") else "forward/backward"
     reserved = _replay(ledger.events or [], setup.cap_bytes(), notes)
     return memory, phase, {"simulated_peak": ledger.peak, "cublas_workspace": runtime.CUBLAS_WORKSPACE,
                            "replayed_reserved": reserved}, reserved
+
+
+def _builder(spec: ModelSpec, setup: TrainSetup, precision: str) -> Callable[[TensorLedger], Any]:
+    """How simulate builds the model, recorded as `trainmem run` builds it on the GPU: constructed on the
+    device; under QLoRA constructed, saved and freed unrecorded (`build.build_model` empties the cache and
+    resets the peaks after it), then loaded 4-bit, cast by peft, cache emptied, adapters added."""
+    if setup.peft != "qlora":
+        return lambda ledger: states.meta_model(spec, setup, precision)
+    from peft import get_peft_model
+
+    from ..build import AUTOCAST_DTYPES, WEIGHT_DTYPES, _lora_config
+
+    base = states.meta_model(spec, setup.replace(peft="none"), precision)
+    dtype = WEIGHT_DTYPES[precision]
+    compute = dtype if dtype != torch.float32 else AUTOCAST_DTYPES.get(precision, torch.float32)
+
+    def build(ledger: TensorLedger) -> Any:
+        quantized.load_4bit(base, states._quantizable(base), compute)
+        ledger.empty_cache()  # prepare_model_for_kbit_training empties the cache after its casts
+        with torch.device("meta"):
+            model = get_peft_model(base, _lora_config(setup))
+        quantized.mark_lora_layers(model)
+        return model
+
+    return build
 
 
 def _replay(events: list[tuple[int, int]], cap: int | None, notes: list[str]) -> int:
@@ -165,8 +194,6 @@ def _replay(events: list[tuple[int, int]], cap: int | None, notes: list[str]) ->
     that runs out under the cap reports the cap plus the request that failed, so it does not fit."""
     a = allocator.CachingAllocator(cap=cap)
     try:
-        for i in range(runtime.CUBLAS_HANDLES):  # one workspace segment per cuBLAS handle, held all run
-            a.malloc(("cublas", i), runtime.CUBLAS_WORKSPACE // runtime.CUBLAS_HANDLES)
         allocator.replay(events, allocator=a)
     except allocator.AllocatorOOM as e:
         notes.append(f"the allocator replay runs out of memory under the {e.cap / 2**30:.2f} GiB cap "

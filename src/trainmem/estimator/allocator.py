@@ -172,11 +172,16 @@ class CachingAllocator:
 
 def replay(events: Iterable[tuple[object, int]], cap: int | None = None,
            allocator: CachingAllocator | None = None) -> CachingAllocator:
-    """Apply (key, bytes) events in order: bytes > 0 allocates for key, bytes < 0 frees key's block.
+    """Apply (key, bytes) events in order: bytes > 0 allocates for key, bytes < 0 frees key's block,
+    the key `measure.EMPTY_CACHE` releases the cached free segments.
     Raises AllocatorOOM where a capped allocator runs out."""
+    from ..measure import EMPTY_CACHE
+
     a = allocator or CachingAllocator(cap=cap)
     for key, n in events:
-        if n < 0:
+        if key == EMPTY_CACHE:
+            a.empty_cache()
+        elif n < 0:
             a.free(key)
         else:
             a.malloc(key, n)

@@ -1,7 +1,8 @@
 """What the CUDA runtime adds beyond the tensors a training step creates, calibrated on real runs.
 
-Each constant names the measurement it comes from (docs/data/validation-h200-2026-12-02.jsonl and
-docs/data/chapter-h200-2026-12-02.jsonl, H200, torch 2.11 + CUDA 13).
+Each constant names the measurement it comes from (docs/data/validation-isolated-h200-2026-12-03.jsonl,
+docs/data/validation-h200-2026-12-02.jsonl and docs/data/chapter-h200-2026-12-02.jsonl, H200, torch 2.11
++ CUDA 13).
 """
 
 from __future__ import annotations
@@ -16,14 +17,27 @@ CUBLAS_HANDLES = 2
 """The workspace is one 32 MiB caching-allocator block per handle, each in its own segment."""
 
 RESERVED_OVER_ALLOCATED = 1.096
-"""Median of peak_reserved / peak_allocated over the 36 validation runs (range 1.02-1.29): the caching
-allocator's rounding and cached free blocks. Only the analytic method uses it; simulate replays its
-allocations through the allocator's policy (`allocator.py`). `expandable_segments:True` would narrow it."""
+"""Median of peak_reserved / peak_allocated over the 36 isolated validation runs (range 1.01-1.26;
+docs/data/validation-isolated-h200-2026-12-03.jsonl): the caching allocator's rounding and cached free
+blocks. Only the analytic method uses it (autocast and sharded setups); simulate replays its allocations
+through the allocator's policy (`allocator.py`)."""
 
-DEVICE_OVERHEAD = 773 * MiB
-"""Device memory beyond the allocator's reservations at the peak (device_used - peak_reserved): the CUDA
-context (527 MiB at start) plus kernels loaded lazily (cuBLAS, bitsandbytes); median of the 36 validation
-runs, range 767-777 MiB, on the H200. Cards in the catalog with their own `context` use that instead."""
+DEVICE_OVERHEAD = 751 * MiB
+"""Device memory beyond the allocator's reservations at the peak (device_used - peak_reserved) in a fresh
+process: the CUDA context (527 MiB at start) plus the kernels loaded lazily (cuBLAS, bitsandbytes); 751
+MiB in each isolated validation run that used no flash-attention kernel, on the H200. Cards in the
+catalog with their own `context` use that instead."""
+
+FLASH_KERNELS = 16 * MiB
+"""What loading the flash-attention kernels adds to DEVICE_OVERHEAD: 767 MiB in every isolated run with
+SDPA over half-precision activations, 751 MiB with eager attention, fp32 or QLoRA (fp32 activations)."""
+
+
+def device_overhead(attention: str, precision: str, peft: str) -> int:
+    """DEVICE_OVERHEAD, plus the flash-attention kernels where SDPA runs on half-precision q, k, v."""
+    flash = attention == "sdpa" and precision != "fp32" and peft != "qlora"
+    return DEVICE_OVERHEAD + (FLASH_KERNELS if flash else 0)
+
 
 LOGITS_BACKWARD_BYTES = 8.4
 """Transient bytes per logit element (tokens x vocabulary) at the start of backward: the fp32 gradient

@@ -7,29 +7,34 @@ CUDA-specific choices are modelled explicitly, because the meta device would oth
   log-sum-exp; backward allocates the input gradients) instead of the math path's attention matrix,
   except for fp32 with grouped KV heads, which CUDA also runs on the math path;
 - dropout keeps a 1-byte mask, as CUDA's fused kernel does (the CPU decomposition keeps a float mask);
-- AdamW runs with `foreach=True`, the CUDA default, whose temporaries are part of the step peak.
-The ledger records every allocation and free in order, so that `allocator.replay` can turn the step into
-the caching allocator's reserved bytes.
-Not modelled (the analytic method handles them): autocast (meta tensors take no autocast path) and
-bitsandbytes (4-bit weights and 8-bit optimizers have no meta kernels).
+- AdamW runs with `foreach=True`, the CUDA default, whose temporaries are part of the step peak;
+- each cuBLAS handle allocates its workspace on its first matrix product: the forward thread's in the
+  first forward, autograd's in the first backward.
+The ledger records every allocation and free in order, from the model's construction on (a tied output
+head is allocated and freed there, as on the GPU), so that `allocator.replay` can turn the run into the
+caching allocator's reserved bytes as a fresh `trainmem run` process would see them.
+bitsandbytes has no meta kernels: `quantized.py` holds stand-ins with its allocations (QLoRA's 4-bit
+load and layers, 8-bit AdamW). Not modelled (the analytic method handles it): autocast, which meta
+tensors do not take.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
 from ..accumulation import micro_batch_loss
 from ..measure import StateBytes, TensorLedger, state_bytes
 from ..setup import TrainSetup
+from . import quantized, runtime
 
-UNSUPPORTED = "simulate does not model autocast (amp-*), QLoRA or bitsandbytes optimizers"
+UNSUPPORTED = "simulate does not model autocast (amp-*)"
 
 
 def supports(setup: TrainSetup, precision: str) -> bool:
-    return not (precision.startswith("amp") or setup.peft == "qlora" or "8bit" in setup.optimizer)
+    return not precision.startswith("amp")
 
 
 class _FlashSDPA(torch.autograd.Function):
@@ -101,34 +106,64 @@ def cuda_choices(attention: str) -> Iterator[None]:
         F.scaled_dot_product_attention, F.dropout, masking.find_packed_sequence_indices = saved
 
 
-def cuda_kernel_temporaries(func: Any, args: tuple, out: Any) -> list[int]:
-    """Buffers CUDA kernels allocate inside themselves, seen in H200 allocator traces (torch 2.11):
-    the embedding backward's fp32 per-segment partial sums, (n // 10 + min(n, vocabulary)) rows of the
-    hidden size for n token ids."""
-    if func is torch.ops.aten.embedding_dense_backward.default:
-        grad, indices, num_weights = args[0], args[1], args[2]
-        n = indices.numel()
-        return [4 * (n // 10 + min(n, num_weights)) * grad.shape[-1]]
-    return []
+_MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+            torch.ops.aten.baddbmm.default}
 
 
-def simulate_step(model: Any, setup: TrainSetup) -> tuple[TensorLedger, StateBytes]:
-    """Two optimizer steps (states appear in the first) of the setup's accumulation on meta tensors."""
+class CudaKernels:
+    """What CUDA kernels allocate that no dispatch shows, seen in H200 allocator traces (torch 2.11):
+    - temporaries: the embedding backward's fp32 per-segment partial sums, (n // 10 + min(n, vocabulary))
+      rows of the hidden size for n token ids;
+    - each cuBLAS handle's workspace (`runtime.CUBLAS_WORKSPACE` / `CUBLAS_HANDLES`), held from the
+      handle's first matrix product on: the forward thread's and autograd's backward thread's."""
+
+    def __init__(self, ledger: TensorLedger):
+        self.ledger = ledger
+        self.handles: set[str] = set()
+
+    def __call__(self, func: Any, args: tuple, out: Any) -> list[int]:
+        if func in _MATMULS:
+            thread = "backward" if self.ledger.phase.endswith("backward") else "forward"
+            if thread not in self.handles:
+                self.handles.add(thread)
+                self.ledger.hold(runtime.CUBLAS_WORKSPACE // runtime.CUBLAS_HANDLES)
+        if func is torch.ops.aten.embedding_dense_backward.default:
+            grad, indices, num_weights = args[0], args[1], args[2]
+            n = indices.numel()
+            return [4 * (n // 10 + min(n, num_weights)) * grad.shape[-1]]
+        return []
+
+
+def simulate_step(build: Callable[[TensorLedger], Any], setup: TrainSetup) -> tuple[TensorLedger, StateBytes]:
+    """Build the model with `build` (on the meta device, given the ledger for what no operator shows),
+    then two optimizer steps (states appear in the first) of the setup's accumulation, all under one
+    recording ledger."""
     from ..build import build_optimizer
 
+    model: Any = None
+    optimizer: Any = None
+
+    def states() -> StateBytes:
+        return state_bytes(model, optimizer) if model is not None else StateBytes(0, 0, 0)
+
+    ledger = TensorLedger(states).record()  # events for the allocator replay
+    ledger.kernel_temporaries = CudaKernels(ledger)
+    ledger.set_phase("build")
+    with ledger:
+        model = build(ledger)
+    ledger.adopt(list(model.parameters()) + list(model.buffers()))  # any the build did not create itself
     if setup.checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
-    if setup.optimizer.startswith("adamw"):
+    params = [p for p in model.parameters() if p.requires_grad]
+    if setup.optimizer in ("adamw", "adamw-fused"):
         # foreach is the CUDA default for AdamW; the fused kernel has no meta implementation and, like a
         # per-tensor loop, no step temporaries beyond one tensor's
-        params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=setup.lr, foreach=setup.optimizer == "adamw")
+    elif setup.optimizer.endswith("adamw-8bit"):
+        optimizer = quantized.AdamW8bit(params, lr=setup.lr, paged=setup.optimizer.startswith("paged"))
     else:
         optimizer = build_optimizer(model, setup)
-    ledger = TensorLedger(lambda: state_bytes(model, optimizer)).record()  # events for the allocator replay
-    ledger.kernel_temporaries = cuda_kernel_temporaries
-    ledger.adopt(list(model.parameters()) + list(model.buffers()))
     ids = torch.zeros((setup.batch_size, setup.seq_len), dtype=torch.long, device="meta")
     batch = {"input_ids": ids, "labels": ids}
     tokens = setup.grad_accum * setup.batch_size * (setup.seq_len - 1)
