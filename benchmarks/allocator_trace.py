@@ -2,7 +2,7 @@
 
     python benchmarks/allocator_trace.py OUT_DIR [INDEX ...]    # on the GPU: OUT_DIR/traces.json.gz
 
-Each setup (an index into validate.SETUPS) runs as in validate.py, under
+Each setup (an index into validate.SETUPS, or hN for validate.HELD_OUT[N]) runs as in validate.py, under
 `torch.cuda.memory._record_memory_history`; the trace keeps, per event, its action (alloc,
 free_completed, segment_alloc, ...), size and address. The estimator's allocator replay
 (trainmem.estimator.allocator) is checked against these: replaying the real alloc/free sequence must give
@@ -19,7 +19,7 @@ import os
 import sys
 import time
 
-from validate import MODELS, SETUPS
+from validate import HELD_OUT, MODELS, SETUPS
 
 DEFAULT = [0, 1, 3, 6, 7, 14, 22, 26, 35]
 
@@ -32,7 +32,7 @@ def _where(event: dict) -> str:
     return " < ".join(f"{os.path.basename(f['filename'])}:{f['line']}:{f['name']}" for f in frames)
 
 
-def main(out_dir: str, indices: list[int]) -> int:
+def main(out_dir: str, indices: list[str]) -> int:
     import torch
 
     import trainmem
@@ -41,7 +41,7 @@ def main(out_dir: str, indices: list[int]) -> int:
     os.makedirs(out_dir, exist_ok=True)
     traces = []
     for i in indices:
-        arch, kw = SETUPS[i]
+        arch, kw = HELD_OUT[int(i[1:])] if i.startswith("h") else SETUPS[int(i)]
         gc.collect()
         torch.cuda.empty_cache()
         t0 = time.time()
@@ -63,4 +63,4 @@ def main(out_dir: str, indices: list[int]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], [int(a) for a in sys.argv[2:]] or DEFAULT))
+    sys.exit(main(sys.argv[1], sys.argv[2:] or [str(i) for i in DEFAULT]))

@@ -1,6 +1,7 @@
 """Every estimate against its measurement: the table in docs/estimate-validation.md.
 
-    python benchmarks/compare_estimates.py docs/data/validation-h200-2026-12-02.jsonl [--out docs/estimate-validation.md]
+    python benchmarks/compare_estimates.py docs/data/validation-isolated-h200-2026-12-03.jsonl
+    python benchmarks/compare_estimates.py docs/data/validation-held-out-h200-2026-12-03.jsonl
 
 For each measured row: trainmem's analytic and simulate methods (simulate where it models the setup) and
 the default (`auto`), accelerate's "training with Adam" figure (4 x the model size in the load dtype) and
@@ -84,7 +85,7 @@ def compare(path: str, out: str | None = None) -> int:
              "| device_used | accelerate | 16 B/param |", "|---|---|---|---|---|---|---|---|---|---|"] + table
     lines += ["", "| method | setups | median abs error | worst abs error |", "|---|---|---|---|"]
     lines += [summary(k) for k in ("auto", "analytic", "simulate", "reserved", "reserved (replay)", "reserved (ratio)",
-                                   "device", "device (replay)", "device (ratio)", "accelerate", "16B")]
+                                   "device", "device (replay)", "device (ratio)", "accelerate", "16B") if errs[k]]
     lines += ["", f"analytic: median {1000 * statistics.median(times['analytic']):.1f} ms per setup; "
               f"simulate: median {statistics.median(times['simulate']):.2f} s, max {max(times['simulate']):.2f} s "
               f"(this machine); measured OOMs estimated as fitting: {oom_fits}"]
