@@ -67,26 +67,19 @@ def largest(fits: Callable[[int], bool], limit: int = LIMIT) -> int:
     return limit
 
 
-@dataclass
-class Measured:
-    """Memoises real runs: `measure(batch)` returns the bytes the run needed on the card (peak reserved
-    plus context), or None when it ran out of memory even under the relaxed cap. A batch fits when its
-    bytes are within `budget`."""
+class Measured(Oracle):
+    """An Oracle over real runs that keeps what they measured: `measure(batch)` returns the bytes the run
+    needed on the card (peak reserved plus context), or None when it ran out of memory even under the
+    relaxed cap. A batch fits when its bytes are within `budget`."""
 
-    measure: Callable[[int], int | None]
-    budget: int
-    used: dict[int, int | None] = field(default_factory=dict)
-    tried: list[tuple[int, bool]] = field(default_factory=list)
+    def __init__(self, measure: Callable[[int], int | None], budget: int):
+        self.measure, self.budget = measure, budget
+        self.used: dict[int, int | None] = {}
+        super().__init__(self._fits)
 
-    def __call__(self, batch: int) -> bool:
-        if batch not in self.used:
-            m = self.used[batch] = self.measure(batch)
-            self.tried.append((batch, m is not None and m <= self.budget))
-        return dict(self.tried)[batch]
-
-    @property
-    def trials(self) -> int:
-        return len(self.tried)
+    def _fits(self, batch: int) -> bool:
+        m = self.used[batch] = self.measure(batch)
+        return m is not None and m <= self.budget
 
 
 def newton(runs: Measured, start: int, slope: Callable[[int], float], limit: int = LIMIT) -> int:
