@@ -68,6 +68,9 @@ def test_breakdown_adds_up_and_verdict():
     v = big.verdict("T4")
     assert v["fits"] is False and v["headroom"] < 0 and v["cut_first"] == "activations"
     assert big.fits("A100-80GB")
+    assert v["advice"].startswith("activations: add --checkpointing")
+    qlora = estimate(spec, TrainSetup(batch_size=1, precision="bf16", peft="qlora"), "analytic").verdict("T4")
+    assert qlora["cut_first"] == "weights" and "already 4-bit" in qlora["advice"]
     small = estimate(spec, TrainSetup(batch_size=4, precision="fp16"), "analytic")
     assert small.peak_phase == "optimizer step" and small.memory["activations"] == 0
 

@@ -17,6 +17,20 @@ ADVICE = {
     "other": "temporaries: --optimizer adamw-fused (no foreach copies at the step); for large vocabularies, a smaller --batch-size",
 }
 
+ALREADY = {
+    ("weights", "qlora"): "weights: the base is already 4-bit; a smaller model, or shard it across GPUs "
+                          "(--gpus N --shard fsdp)",
+    ("gradients", "lora"): "gradients: only the adapters train; a lower --lora-r or fewer --lora-targets",
+    ("gradients", "qlora"): "gradients: only the adapters train; a lower --lora-r or fewer --lora-targets",
+    ("optimizer", "lora"): "optimizer states: --optimizer adamw-8bit (only the adapters have states)",
+    ("optimizer", "qlora"): "optimizer states: --optimizer adamw-8bit (only the adapters have states)",
+}
+"""Advice where ADVICE's first suggestion is what the setup already does."""
+
+
+def advice(cut: str, peft: str) -> str:
+    return ALREADY.get((cut, peft), ADVICE[cut])
+
 
 @dataclass(frozen=True)
 class Breakdown:
@@ -47,7 +61,7 @@ class Breakdown:
         parts = {k: self.memory[k] for k in ("weights", "gradients", "optimizer", "activations", "other")}
         cut = max(parts, key=parts.get)  # type: ignore[arg-type]
         return {"gpu": card.name, "fits": headroom >= 0, "headroom": headroom, "cut_first": cut,
-                "advice": ADVICE[cut], "margin": margin}
+                "advice": advice(cut, self.setup.get("peft", "none")), "margin": margin}
 
     def fits(self, gpu: str | GPU, margin: float = 0.02) -> bool:
         return bool(self.verdict(gpu, margin)["fits"])
