@@ -19,6 +19,10 @@ import gc
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainmem.result import Result
 
 MODELS = {"neox": "polyglot-ko-1.3b", "llama": "llama-3.2-1b", "qwen": "qwen2.5-0.5b"}
 
@@ -91,12 +95,17 @@ def measure(out_dir: str) -> int:
         r = execute(trainmem.ModelSpec.resolve(MODELS[arch]), trainmem.TrainSetup(steps=3, **kw))
         if leftover:
             r.notes.append(f"{leftover} bytes were still allocated from the previous setup")
-        r.append_to(path)
-        print(f"[{i}/{len(SETUPS)}] {arch} {kw} {r.status} peak={r.memory['peak_allocated'] / 2**30:.3f} GiB "
-              f"({time.time() - t0:.0f}s)", flush=True)
-        if r.status == "error":
-            print(r.error, file=sys.stderr)
+        _keep(r, path, f"[{i}/{len(SETUPS)}] {arch} {kw}", t0)
     return 0
+
+
+def _keep(r: Result, path: str, label: str, t0: float) -> None:
+    """Append the result row and print what it measured (and its error, if it failed)."""
+    r.append_to(path)
+    print(f"{label} {r.status} peak={r.memory['peak_allocated'] / 2**30:.3f} GiB "
+          f"reserved={r.memory['peak_reserved'] / 2**30:.3f} GiB ({time.time() - t0:.0f}s)", flush=True)
+    if r.status == "error":
+        print(r.error, file=sys.stderr)
 
 
 def isolated(out_dir: str, indices: list[int], setups: list[tuple[str, dict]] = SETUPS,
@@ -109,11 +118,7 @@ def isolated(out_dir: str, indices: list[int], setups: list[tuple[str, dict]] = 
         arch, kw = setups[i]
         t0 = time.time()
         r = trainmem.run(MODELS[arch], trainmem.TrainSetup(steps=3, **kw), timeout=300)
-        r.append_to(path)
-        print(f"[{i}] {arch} {kw} {r.status} peak={r.memory['peak_allocated'] / 2**30:.3f} GiB "
-              f"reserved={r.memory['peak_reserved'] / 2**30:.3f} GiB ({time.time() - t0:.0f}s)", flush=True)
-        if r.status == "error":
-            print(r.error, file=sys.stderr)
+        _keep(r, path, f"[{i}] {arch} {kw}", t0)
     return 0
 
 
