@@ -15,7 +15,8 @@ from trainmem.estimator import estimate
 def main() -> None:
     for name, kw in [("llama-3.1-8b", dict(batch_size=4, precision="bf16")),
                      ("qwen2.5-7b", dict(batch_size=4, precision="bf16", checkpointing=True)),
-                     ("mistral-7b", dict(batch_size=2, precision="bf16", peft="lora"))]:
+                     ("mistral-7b", dict(batch_size=2, precision="bf16", peft="lora")),
+                     ("llama-3.1-8b", dict(batch_size=8, precision="bf16", peft="qlora", checkpointing=True))]:
         spec, setup = trainmem.ModelSpec.resolve(name), trainmem.TrainSetup(**kw)
         t0 = time.perf_counter()
         a = estimate(spec, setup, "analytic")
