@@ -178,7 +178,7 @@ def _builder(spec: ModelSpec, setup: TrainSetup, precision: str) -> Callable[[Te
     compute = dtype if dtype != torch.float32 else AUTOCAST_DTYPES.get(precision, torch.float32)
 
     def build(ledger: TensorLedger) -> Any:
-        quantized.load_4bit(base, states._quantizable(base), compute)
+        quantized.load_4bit(base, states.quantizable(base), compute)
         ledger.empty_cache()  # prepare_model_for_kbit_training empties the cache after its casts
         with torch.device("meta"):
             model = get_peft_model(base, _lora_config(setup))

@@ -61,7 +61,7 @@ def meta_model(spec: ModelSpec, setup: TrainSetup, precision: str) -> Any:
     return model
 
 
-def _quantizable(model: Any) -> set[str]:
+def quantizable(model: Any) -> set[str]:
     """Names of the Linear layers bitsandbytes converts to 4-bit: every nn.Linear but the output head
     (transformers' `get_keys_to_not_convert` keeps `lm_head` / the output embeddings unquantized)."""
     head = model.get_output_embeddings()
@@ -85,7 +85,7 @@ def inventory(spec: ModelSpec, setup: TrainSetup, precision: str) -> Inventory:
 def _build_inventory(spec: ModelSpec, setup: TrainSetup, precision: str) -> Inventory:
     model = meta_model(spec, setup, precision)
     wd = weight_bytes_per(precision)
-    quant = _quantizable(model) if setup.peft == "qlora" else set()
+    quant = quantizable(model) if setup.peft == "qlora" else set()
     params = []
     for name, p in model.named_parameters():
         module, _, kind = name.rpartition(".")
