@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from trainmem.result import Result
 
-MODELS = {"neox": "polyglot-ko-1.3b", "llama": "llama-3.2-1b", "qwen": "qwen2.5-0.5b"}
+MODELS = {"neox": "polyglot-ko-1.3b", "llama": "llama-3.2-1b", "qwen": "qwen2.5-0.5b",
+          "llama3b": "llama-3.2-3b", "qwen1.5b": "qwen2.5-1.5b"}  # the last two for HELD_OUT only
 
 SETUPS: list[tuple[str, dict]] = [
     ("neox", dict(precision="fp16", batch_size=4)),
@@ -76,7 +77,6 @@ HELD_OUT: list[tuple[str, dict]] = [
     ("qwen1.5b", dict(precision="bf16", batch_size=4, peft="qlora", attention="eager")),
 ]
 """Setups chosen after the estimator's allocator modelling was fitted to SETUPS, to check it on new ones."""
-MODELS.update({"llama3b": "llama-3.2-3b", "qwen1.5b": "qwen2.5-1.5b"})
 
 
 def measure(out_dir: str) -> int:

@@ -143,9 +143,10 @@ class TensorLedger(TorchDispatchMode):
         """With `record()`: (storage key, bytes) per allocation and (key, -1) per free, in order, for the
         allocator replay (`trainmem.estimator.allocator`)."""
         self._keys = 0
-        self.kernel_temporaries: Callable[[Any, tuple, Any], Iterable[int]] | None = None
-        """Bytes an operator's kernel allocates and frees inside itself, which no dispatch shows (the
-        simulate method's model of CUDA kernels); each is counted for that moment, after the outputs."""
+        self.kernels: Callable[[Any, tuple, Any], Iterable[int]] | None = None
+        """The simulate method's model of CUDA kernels, called after each operator: returns the bytes the
+        kernel allocates and frees inside itself, which no dispatch shows (each counted for that moment,
+        after the outputs), and may `hold` what it keeps."""
 
     def record(self) -> TensorLedger:
         self.events = []
@@ -244,8 +245,8 @@ class TensorLedger(TorchDispatchMode):
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self._register(t, tag)
-        if self.kernel_temporaries is not None:
-            for n in self.kernel_temporaries(func, args, out):
+        if self.kernels is not None:
+            for n in self.kernels(func, args, out):
                 key = self._new_key(n)
                 self._add("other", n)
                 self._free("other", n)

@@ -169,23 +169,12 @@ def _builder(spec: ModelSpec, setup: TrainSetup, precision: str) -> Callable[[Te
     resets the peaks after it), then loaded 4-bit, cast by peft, cache emptied, adapters added."""
     if setup.peft != "qlora":
         return lambda ledger: states.meta_model(spec, setup, precision)
-    from peft import get_peft_model
-
     from ..build import AUTOCAST_DTYPES, WEIGHT_DTYPES, _lora_config
 
-    base = states.meta_model(spec, setup.replace(peft="none"), precision)
+    base = states.meta_model(spec, setup.replace(peft="none"), precision)  # built before recording starts
     dtype = WEIGHT_DTYPES[precision]
     compute = dtype if dtype != torch.float32 else AUTOCAST_DTYPES.get(precision, torch.float32)
-
-    def build(ledger: TensorLedger) -> Any:
-        quantized.load_4bit(base, states.quantizable(base), compute)
-        ledger.empty_cache()  # prepare_model_for_kbit_training empties the cache after its casts
-        with torch.device("meta"):
-            model = get_peft_model(base, _lora_config(setup))
-        quantized.mark_lora_layers(model)
-        return model
-
-    return build
+    return lambda ledger: quantized.qlora_model(base, _lora_config(setup), compute, ledger)
 
 
 def _replay(events: list[tuple[int, int]], cap: int | None, notes: list[str]) -> int:

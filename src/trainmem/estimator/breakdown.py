@@ -17,19 +17,17 @@ ADVICE = {
     "other": "temporaries: --optimizer adamw-fused (no foreach copies at the step); for large vocabularies, a smaller --batch-size",
 }
 
-ALREADY = {
-    ("weights", "qlora"): "weights: the base is already 4-bit; a smaller model, or shard it across GPUs "
-                          "(--gpus N --shard fsdp)",
-    ("gradients", "lora"): "gradients: only the adapters train; a lower --lora-r or fewer --lora-targets",
-    ("gradients", "qlora"): "gradients: only the adapters train; a lower --lora-r or fewer --lora-targets",
-    ("optimizer", "lora"): "optimizer states: --optimizer adamw-8bit (only the adapters have states)",
-    ("optimizer", "qlora"): "optimizer states: --optimizer adamw-8bit (only the adapters have states)",
+ADAPTERS_ADVICE = {
+    "weights": "weights: the base is already 4-bit; a smaller model, or shard it across GPUs (--gpus N --shard fsdp)",
+    "gradients": "gradients: only the adapters train; a lower --lora-r or fewer --lora-targets",
+    "optimizer": "optimizer states: --optimizer adamw-8bit (only the adapters have states)",
 }
-"""Advice where ADVICE's first suggestion is what the setup already does."""
+"""Advice under LoRA / QLoRA, where ADVICE's first suggestion is what the setup already does."""
 
 
 def advice(cut: str, peft: str) -> str:
-    return ALREADY.get((cut, peft), ADVICE[cut])
+    already = peft == "qlora" or (peft == "lora" and cut != "weights")
+    return ADAPTERS_ADVICE[cut] if already and cut in ADAPTERS_ADVICE else ADVICE[cut]
 
 
 @dataclass(frozen=True)

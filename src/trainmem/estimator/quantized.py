@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..measure import TensorLedger
 from .states import NESTED_BLOCK, NF4_BLOCK
 
 QUANTIZED_MIN = 4096
@@ -33,16 +34,15 @@ class _MatMul4Bit(torch.autograd.Function):
     again in backward), keep nothing of the input, return the input's gradient only."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
-                shape: tuple[int, int], blocks: int) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, bias: torch.Tensor | None, shape: tuple[int, int],
+                blocks: int) -> torch.Tensor:
         ctx.shape, ctx.blocks = shape, blocks
-        out = torch.nn.functional.linear(x, _dequantize(shape, blocks, x.dtype), bias)
-        return out
+        return torch.nn.functional.linear(x, _dequantize(shape, blocks, x.dtype), bias)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         weight = _dequantize(ctx.shape, ctx.blocks, grad.dtype)
-        return torch.matmul(grad, weight), None, None, None, None
+        return torch.matmul(grad, weight), None, None, None
 
 
 def _dequantize(shape: tuple[int, int], blocks: int, dtype: torch.dtype) -> torch.Tensor:
@@ -88,7 +88,7 @@ class Linear4bit(torch.nn.Linear):
         dtype = x.dtype
         x = x.to(self.compute_dtype)
         bias = None if self.bias is None else self.bias.to(self.compute_dtype)
-        out = _MatMul4Bit.apply(x, self.weight, bias, (self.out_features, self.in_features), self.blocks).to(dtype)
+        out = _MatMul4Bit.apply(x, bias, (self.out_features, self.in_features), self.blocks).to(dtype)
         return out.clone() if self.lora_clone else out
 
 
@@ -112,12 +112,23 @@ def load_4bit(model: torch.nn.Module, names: set[str], compute_dtype: torch.dtyp
         p.requires_grad_(False)
 
 
-def mark_lora_layers(model: torch.nn.Module) -> None:
-    """After peft wrapped the 4-bit layers: those with an adapter clone their output (peft's bnb layer)."""
+def qlora_model(base: torch.nn.Module, lora_config: Any, compute_dtype: torch.dtype, ledger: TensorLedger) -> Any:
+    """`build.build_model`'s QLoRA path on the meta device, recorded by `ledger`: the 4-bit load, peft's
+    casts and its `empty_cache`, then the adapters; the 4-bit layers with an adapter clone their output,
+    as peft's bitsandbytes LoRA layer does."""
+    from peft import get_peft_model
+
+    from .states import quantizable
+
+    load_4bit(base, quantizable(base), compute_dtype)
+    ledger.empty_cache()
+    with torch.device("meta"):
+        model = get_peft_model(base, lora_config)
     for module in model.modules():
-        base = getattr(module, "base_layer", None)
-        if isinstance(base, Linear4bit) and hasattr(module, "lora_A"):
-            base.lora_clone = True
+        layer = getattr(module, "base_layer", None)
+        if isinstance(layer, Linear4bit) and hasattr(module, "lora_A"):
+            layer.lora_clone = True
+    return model
 
 
 class AdamW8bit(torch.optim.Optimizer):

@@ -147,7 +147,7 @@ def simulate_step(build: Callable[[TensorLedger], Any], setup: TrainSetup) -> tu
         return state_bytes(model, optimizer) if model is not None else StateBytes(0, 0, 0)
 
     ledger = TensorLedger(states).record()  # events for the allocator replay
-    ledger.kernel_temporaries = CudaKernels(ledger)
+    ledger.kernels = CudaKernels(ledger)
     ledger.set_phase("build")
     with ledger:
         model = build(ledger)
