@@ -220,6 +220,12 @@ class TrainSetup:
         if max_pos is not None and isinstance(self.seq_len, int) and self.seq_len > max_pos:
             out.append(f"--seq-len: {self.seq_len} is longer than {spec.name}'s {max_pos} positions; "
                        f"use --seq-len {max_pos} or less")
+        if self.peft in ("lora", "qlora") and not self.lora_targets:
+            from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as defaults
+
+            if spec.model_type not in defaults:
+                out.append(f"--lora-targets: peft has no default LoRA targets for {spec.model_type} models; "
+                           "pass --lora-targets all-linear or the names of the Linear layers to adapt")
         if self.data is not None and spec.path is None:
             out.append(f"--data: {spec.name} has no tokenizer (a preset or a bare config.json); pass a "
                        "local model folder with tokenizer files as --model, or use the dummy data")
