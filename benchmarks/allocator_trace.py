@@ -2,7 +2,7 @@
 
     python benchmarks/allocator_trace.py OUT_DIR [INDEX ...]    # on the GPU: OUT_DIR/traces.json.gz
 
-Each setup (an index into validate.SETUPS, or hN for validate.HELD_OUT[N]) runs as in validate.py, under
+Each setup (an index into validate.SETUPS, hN for validate.HELD_OUT[N], gN for validate.HELD_OUT_2[N]) runs as in validate.py, under
 `torch.cuda.memory._record_memory_history`; the trace keeps, per event, its action (alloc,
 free_completed, segment_alloc, ...), size and address. The estimator's allocator replay
 (trainmem.estimator.allocator) is checked against these: replaying the real alloc/free sequence must give
@@ -19,7 +19,7 @@ import os
 import sys
 import time
 
-from validate import HELD_OUT, MODELS, SETUPS
+from validate import HELD_OUT, HELD_OUT_2, MODELS, SETUPS
 
 DEFAULT = [0, 1, 3, 6, 7, 14, 22, 26, 35]
 
@@ -41,7 +41,8 @@ def main(out_dir: str, indices: list[str]) -> int:
     os.makedirs(out_dir, exist_ok=True)
     traces = []
     for i in indices:
-        arch, kw = HELD_OUT[int(i[1:])] if i.startswith("h") else SETUPS[int(i)]
+        sets = {"h": HELD_OUT, "g": HELD_OUT_2}
+        arch, kw = sets[i[0]][int(i[1:])] if i[0] in sets else SETUPS[int(i)]
         gc.collect()
         torch.cuda.empty_cache()
         t0 = time.time()

@@ -36,6 +36,7 @@ def compare(path: str, out: str | None = None) -> int:
                        "device (replay)": [], "device (ratio)": []}
     times = {"analytic": [], "simulate": []}
     oom_fits = 0
+    verdicts: list[str] = []
     for r in rows:
         s = trainmem.TrainSetup.from_dict(r["setup"])
         spec = trainmem.ModelSpec.resolve(r["model"]["name"])
@@ -49,7 +50,7 @@ def compare(path: str, out: str | None = None) -> int:
             times[method].append(time.perf_counter() - t0)
             res[method] = b
             errs[method].append(err(b.peak, meas))
-        auto = estimate(spec, s, "auto")
+        auto = res["simulate"]  # `auto` simulates every single-GPU setup
         errs["auto"].append(err(auto.peak, meas))
         errs["device"].append(err(auto.memory["device_used"], r["memory"]["device_used"]))
         errs["reserved"].append(err(auto.memory["peak_reserved"], r["memory"]["peak_reserved"]))
@@ -58,6 +59,13 @@ def compare(path: str, out: str | None = None) -> int:
         errs[f"device ({how})"].append(errs["device"][-1])
         if r["status"] == "oom" and auto.fits(r["setup"].get("gpu") or "H200"):
             oom_fits += 1
+        if s.gpu:  # run under the card's cap: the real outcome against the estimate's verdict for that card
+            v = auto.verdict(s.gpu)
+            real = r["status"] == "ok"
+            verdicts.append(f"| {spec.name} b{s.batch_size} s{s.seq_len} {s.precision} {s.peft} | {s.gpu} | "
+                            f"{'ok' if real else 'oom'} ({r['memory']['peak_reserved'] / GiB:.2f} GiB reserved) | "
+                            f"{'fits' if v['fits'] else 'no'} ({v['headroom'] / GiB:+.2f} GiB headroom) | "
+                            f"{'right' if v['fits'] == real else 'WRONG'} |")
         n = spec.parameter_count
         acc = 4 * n * (2 if s.precision in ("fp16", "bf16") else 4)
         errs["accelerate"].append(err(acc, meas))
@@ -86,6 +94,9 @@ def compare(path: str, out: str | None = None) -> int:
     lines += ["", f"analytic: median {1000 * statistics.median(times['analytic']):.1f} ms per setup; "
               f"simulate: median {statistics.median(times['simulate']):.2f} s, max {max(times['simulate']):.2f} s "
               f"(this machine); measured OOMs estimated as fitting: {oom_fits}"]
+    if verdicts:
+        lines += ["", "| near-capacity setup | card (cap) | measured under the cap | estimate's verdict | |",
+                  "|---|---|---|---|---|"] + verdicts
     text = "\n".join(lines)
     print(text)
     if out:

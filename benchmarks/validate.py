@@ -4,6 +4,7 @@
     python benchmarks/validate.py isolated OUT_DIR [INDEX ...]   # each setup in its own process (`trainmem run`)
     python benchmarks/validate.py held-out OUT_DIR    # the same, for HELD_OUT: setups the estimator was not fitted on
     python benchmarks/validate.py held-out-2 OUT_DIR [INDEX ...]  # HELD_OUT_2: the held-out protocol's set
+    python benchmarks/validate.py held-out-3 OUT_DIR [INDEX ...]  # HELD_OUT_3: after HELD_OUT_2's changes
     python benchmarks/validate.py compare JSONL       # anywhere: the error table (docs/estimate-validation.md)
 
 Three architectures (GPT-NeoX, Llama, Qwen2), full/LoRA/QLoRA, fp32/fp16/bf16/amp, checkpointing on
@@ -124,6 +125,20 @@ HELD_OUT_2: list[tuple[str, dict]] = [
 """The second held-out set (docs/estimate-validation.md, "Held-out protocol"): chosen and measured after
 the estimator that simulates autocast was committed, before any change made from its errors."""
 
+HELD_OUT_3: list[tuple[str, dict]] = [
+    ("llama3b", dict(precision="bf16", batch_size=4, seq_len=4096, peft="qlora", checkpointing=True, **ALL)),
+    ("qwen1.5b", dict(precision="bf16", batch_size=2, seq_len=4096, peft="qlora", checkpointing=True)),
+    ("mistral", dict(precision="bf16", batch_size=1, seq_len=6144, peft="lora", checkpointing=True)),
+    ("gemma2", dict(precision="amp-bf16", batch_size=2, seq_len=1024, checkpointing=True)),
+    ("phi3", dict(precision="amp-fp16", batch_size=8, seq_len=1024, peft="lora", **ALL)),
+    ("qwen3", dict(precision="bf16", batch_size=4, seq_len=1024, attention="eager")),
+    ("olmo2", dict(precision="fp32", batch_size=2, seq_len=1024, checkpointing=True)),
+    ("llama", dict(precision="bf16", batch_size=8, seq_len=2048, peft="qlora", checkpointing=True)),
+    ("gpt2", dict(precision="amp-bf16", batch_size=16, seq_len=1024, attention="eager")),
+]
+"""The third held-out set: measured after the changes made from HELD_OUT_2's errors (the fp32 softmax
+backward's extra buffer, the additive mask of the memory-efficient kernel) were committed."""
+
 
 def measure(out_dir: str) -> int:
     import torch
@@ -178,6 +193,8 @@ if __name__ == "__main__":
         sys.exit(isolated(arg, [], HELD_OUT, "validation-held-out.jsonl"))
     if cmd == "held-out-2":  # INDEX ... picks rows, as for `isolated`
         sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], HELD_OUT_2, "validation-held-out-2.jsonl"))
+    if cmd == "held-out-3":
+        sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], HELD_OUT_3, "validation-held-out-3.jsonl"))
     from compare_estimates import compare  # noqa: E402
 
     sys.exit(compare(arg))

@@ -35,15 +35,16 @@ class _FlashSDPA(torch.autograd.Function):
     """Memory stand-in for the fused attention kernels: outputs of the right shape, the same saves."""
 
     @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
         out = q.new_empty(q.shape[:-1] + v.shape[-1:])
         lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
-        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.save_for_backward(q, k, v, out, lse, bias)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, _ = ctx.saved_tensors
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         # then one fp32 workspace, freed when the kernel ends: 4 * b * h * s * (D + 1) + 256 bytes, with s
         # and the head size D rounded up to 128 (H200 traces of GPT-NeoX, Llama and Qwen2, torch 2.11)
@@ -51,7 +52,7 @@ class _FlashSDPA(torch.autograd.Function):
         s128, d128 = -(-s // 128) * 128, -(-d // 128) * 128
         workspace = q.new_empty((4 * b * h * s128 * (d128 + 1) + 256,), dtype=torch.uint8)
         del workspace
-        return dq, dk, dv
+        return dq, dk, dv, None
 
 
 class _CudaDropout(torch.autograd.Function):
@@ -83,7 +84,11 @@ def _flash_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *ar
     # grouped KV heads, so fp32 with GQA falls back to the math path (its attention matrix is saved)
     if query.dtype == torch.float32 and kwargs.get("enable_gqa") and key.shape[-3] != query.shape[-3]:
         return _MATH_SDPA(query, key, value, *args, **kwargs)
-    return _FlashSDPA.apply(query, key, value)
+    # a boolean mask (sliding windows, padding) rules flash out: the memory-efficient kernel takes it as an
+    # additive bias in q's dtype, converted per call and saved for backward
+    mask = kwargs.get("attn_mask", args[0] if args else None)
+    bias = query.new_empty(mask.shape) if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool else None
+    return _FlashSDPA.apply(query, key, value, bias)
 
 
 @contextlib.contextmanager
@@ -111,7 +116,10 @@ _MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.a
 class CudaKernels:
     """What CUDA kernels allocate that no dispatch shows, seen in H200 allocator traces (torch 2.11):
     - temporaries: the embedding backward's fp32 per-segment partial sums, (n // 10 + min(n, vocabulary))
-      rows of the hidden size for n token ids;
+      rows of the hidden size for n token ids; the fp32 softmax backward over attention probabilities
+      (4-D: the math SDPA path, eager attention) allocates one more buffer of its output's size, freed
+      before it returns (H200 trace of mistral-7b QLoRA b4 s2048, 2026-12-03: four 2 GiB buffers live at
+      the peak where the meta decomposition has three);
     - each cuBLAS handle's workspace (`runtime.CUBLAS_WORKSPACE` / `CUBLAS_HANDLES`), held from the
       handle's first matrix product on: the forward thread's and autograd's backward thread's."""
 
@@ -125,6 +133,8 @@ class CudaKernels:
             if thread not in self.handles:
                 self.handles.add(thread)
                 self.ledger.hold(runtime.CUBLAS_WORKSPACE // runtime.CUBLAS_HANDLES)
+        if func is torch.ops.aten._softmax_backward_data.default and out.dim() == 4 and out.dtype == torch.float32:
+            return [out.untyped_storage().nbytes()]
         if func is torch.ops.aten.embedding_dense_backward.default:
             grad, indices, num_weights = args[0], args[1], args[2]
             n = indices.numel()
