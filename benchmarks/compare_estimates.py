@@ -29,7 +29,8 @@ def err(est: float, meas: float) -> float:
     return (est - meas) / meas
 
 
-def compare(path: str, out: str | None = None) -> int:
+def compare(path: str, out: str | None = None, keep: list | None = None) -> int:
+    """Print (and with `out`, write) the error table of `path`; `keep` collects (row, {method: Breakdown})."""
     rows = [json.loads(l) for l in open(path)]
     table, errs = [], {"analytic": [], "simulate": [], "auto": [], "device": [], "accelerate": [], "16B": [],
                        "reserved": [], "reserved (replay)": [], "reserved (ratio)": [],
@@ -50,6 +51,8 @@ def compare(path: str, out: str | None = None) -> int:
             times[method].append(time.perf_counter() - t0)
             res[method] = b
             errs[method].append(err(b.peak, meas))
+        if keep is not None:
+            keep.append((r, res))
         auto = res["simulate"]  # `auto` simulates every single-GPU setup
         errs["auto"].append(err(auto.peak, meas))
         errs["device"].append(err(auto.memory["device_used"], r["memory"]["device_used"]))

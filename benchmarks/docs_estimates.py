@@ -1,12 +1,13 @@
 """Regenerate every estimate that docs/ shows, from the current estimator, in one command:
 
-    python benchmarks/docs_estimates.py
+    python benchmarks/docs_estimates.py [tables] [reports]    # both by default
 
 - docs/data/documented-estimates.jsonl: for each measured row of the validation files below, the
   analytic and simulate `peak_allocated` / `peak_reserved` in bytes; tests/test_documented.py recomputes
   them (analytic for every row, simulate for a fixed subset) and fails when the estimator drifts from
   what the docs say, so a changed estimator must come with regenerated docs;
-- docs/estimate-validation-*.md tables (benchmarks/compare_estimates.py) for each validation file;
+- docs/data/errors-*.md: the error table of each validation file (benchmarks/compare_estimates.py), which
+  docs/estimate-validation.md quotes;
 - docs/report-sweep-t4/ and docs/report-chapter/: `trainmem report` pages over the measured rows, with
   their estimate rows recomputed now (the measurements are kept as measured).
 """
@@ -33,23 +34,20 @@ VALIDATION = {  # file -> which set it is (docs/estimate-validation.md, "Held-ou
     "validation-isolated-h200-2026-12-03.jsonl": "in-sample",
     "validation-held-out-h200-2026-12-03.jsonl": "held-out 1",
     "validation-held-out-2-h200-2026-12-03.jsonl": "held-out 2",
+    "validation-held-out-3-h200-2026-12-03.jsonl": "held-out 3",
 }
 REPORTS = {"report-sweep-t4": ("sweep-chapter-t4-h200-2026-12-02.jsonl", "T4"),
            "report-chapter": ("chapter-measured-and-estimated-2026-12-02.jsonl", "T4")}
 
 
-def documented(rows: list[dict], file: str) -> list[dict]:
+def documented(kept: list, file: str) -> list[dict]:
+    """The figures each validation row's estimates show in docs/, for tests/test_documented.py."""
     out = []
-    for i, r in enumerate(rows):
-        setup = trainmem.TrainSetup.from_dict(r["setup"])
-        spec = trainmem.ModelSpec.resolve(r["model"]["name"])
-        row = {"file": file, "row": i, "model": spec.name, "setup": r["setup"], "versions": VERSIONS}
-        for method in ("analytic", "simulate"):
-            b = estimate(spec, setup, method)
+    for i, (r, res) in enumerate(kept):
+        row = {"file": file, "row": i, "model": r["model"]["name"], "setup": r["setup"], "versions": VERSIONS}
+        for method, b in res.items():
             row[method] = {"peak_allocated": b.memory["peak_allocated"], "peak_reserved": b.memory["peak_reserved"]}
         out.append(row)
-        print(f"{file}:{i} {spec.name} analytic {row['analytic']['peak_allocated'] / 2**30:.3f} "
-              f"simulate {row['simulate']['peak_allocated'] / 2**30:.3f} GiB", flush=True)
     return out
 
 
@@ -70,21 +68,24 @@ def report(name: str, source: str, gpu: str) -> None:
         write_report(path, os.path.join(DOCS, name), gpu)
 
 
-def main() -> int:
+def main(parts: list[str]) -> int:
     from compare_estimates import compare
 
+    if "reports" in parts:
+        for name, (source, gpu) in REPORTS.items():
+            report(name, source, gpu)
+    if "tables" not in parts:
+        return 0
     out = []
     for file, kind in VALIDATION.items():
-        rows = [json.loads(line) for line in open(os.path.join(DOCS, "data", file))]
-        out += documented(rows, file)
-        compare(os.path.join(DOCS, "data", file), os.path.join(DOCS, f"estimate-validation-{kind.replace(' ', '-')}.md"))
+        kept: list = []
+        compare(os.path.join(DOCS, "data", file), os.path.join(DOCS, "data", f"errors-{kind.replace(' ', '-')}.md"), kept)
+        out += documented(kept, file)
     with open(os.path.join(DOCS, "data", "documented-estimates.jsonl"), "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in out)
-    for name, (source, gpu) in REPORTS.items():
-        report(name, source, gpu)
     return 0
 
 
 if __name__ == "__main__":
     sys.path.insert(0, HERE)
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:] or ["tables", "reports"]))
