@@ -80,6 +80,14 @@ def _dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bo
 _MATH_SDPA = torch.nn.functional.scaled_dot_product_attention
 
 
+def _efficient_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    # cards without flash (sm70, sm75) run the memory-efficient kernel in every dtype: the same saves, but
+    # no grouped KV heads, which take the math path
+    if kwargs.get("enable_gqa") and key.shape[-3] != query.shape[-3]:
+        return _MATH_SDPA(query, key, value, *args, **kwargs)
+    return _FlashSDPA.apply(query, key, value)
+
+
 def _flash_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     # CUDA's fused kernels: flash for half precision; memory-efficient for fp32, which does not take
     # grouped KV heads, so fp32 with GQA falls back to the math path (its attention matrix is saved)
@@ -89,7 +97,7 @@ def _flash_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *ar
 
 
 @contextlib.contextmanager
-def cuda_choices(attention: str) -> Iterator[None]:
+def cuda_choices(attention: str, flash: bool = True) -> Iterator[None]:
     """Patch what the meta device would do differently from CUDA, for the duration of a simulation."""
     import transformers.masking_utils as masking
 
@@ -97,7 +105,7 @@ def cuda_choices(attention: str) -> Iterator[None]:
     saved = (F.scaled_dot_product_attention, F.dropout, masking.find_packed_sequence_indices)
     try:
         if attention == "sdpa":
-            F.scaled_dot_product_attention = _flash_sdpa
+            F.scaled_dot_product_attention = _flash_sdpa if flash else _efficient_sdpa
         F.dropout = _dropout
         # packed-sequence detection reads position ids on the host, which meta tensors cannot do
         masking.find_packed_sequence_indices = lambda *a, **k: None
@@ -117,8 +125,9 @@ class CudaKernels:
     - each cuBLAS handle's workspace (`runtime.CUBLAS_WORKSPACE` / `CUBLAS_HANDLES`), held from the
       handle's first matrix product on: the forward thread's and autograd's backward thread's."""
 
-    def __init__(self, ledger: TensorLedger):
+    def __init__(self, ledger: TensorLedger, workspace: int = runtime.CUBLAS_WORKSPACE // runtime.CUBLAS_HANDLES):
         self.ledger = ledger
+        self.workspace = workspace
         self.handles: set[str] = set()
 
     def __call__(self, func: Any, args: tuple, out: Any) -> list[int]:
@@ -126,7 +135,7 @@ class CudaKernels:
             thread = "backward" if self.ledger.phase.endswith("backward") else "forward"
             if thread not in self.handles:
                 self.handles.add(thread)
-                self.ledger.hold(runtime.CUBLAS_WORKSPACE // runtime.CUBLAS_HANDLES)
+                self.ledger.hold(self.workspace)
         if func is torch.ops.aten.embedding_dense_backward.default:
             grad, indices, num_weights = args[0], args[1], args[2]
             n = indices.numel()
@@ -134,10 +143,12 @@ class CudaKernels:
         return []
 
 
-def simulate_step(build: Callable[[TensorLedger], Any], setup: TrainSetup) -> tuple[TensorLedger, StateBytes]:
+def simulate_step(build: Callable[[TensorLedger], Any], setup: TrainSetup,
+                  workspace: int = runtime.CUBLAS_WORKSPACE // runtime.CUBLAS_HANDLES,
+                  flash: bool = True) -> tuple[TensorLedger, StateBytes]:
     """Build the model with `build` (on the meta device, given the ledger for what no operator shows),
     then two optimizer steps (states appear in the first) of the setup's accumulation, all under one
-    recording ledger."""
+    recording ledger. `workspace`: bytes per cuBLAS handle; `flash`: the card has the flash kernel."""
     from ..build import build_optimizer
 
     model: Any = None
@@ -147,7 +158,7 @@ def simulate_step(build: Callable[[TensorLedger], Any], setup: TrainSetup) -> tu
         return state_bytes(model, optimizer) if model is not None else StateBytes(0, 0, 0)
 
     ledger = TensorLedger(states).record()  # events for the allocator replay
-    ledger.kernels = CudaKernels(ledger)
+    ledger.kernels = CudaKernels(ledger, workspace)
     ledger.set_phase("build")
     with ledger:
         model = build(ledger)
@@ -168,7 +179,7 @@ def simulate_step(build: Callable[[TensorLedger], Any], setup: TrainSetup) -> tu
     batch = {"input_ids": ids, "labels": ids}
     tokens = setup.grad_accum * setup.batch_size * (setup.seq_len - 1)
     final = StateBytes(0, 0, 0)
-    with cuda_choices(setup.attention), ledger:
+    with cuda_choices(setup.attention, flash), ledger:
         for step in (1, 2):
             for k in range(1, setup.grad_accum + 1):
                 ledger.set_phase(f"step{step}.micro{k}.forward")
