@@ -122,6 +122,17 @@ def test_the_verdict_says_where_the_methods_disagree():
     assert agree.verdict("T4")["disagree"] is False and agree.disagreement("T4") is None
 
 
+def test_the_verdict_line_says_the_level():
+    from trainmem.render import verdict_line
+
+    t4 = CATALOG["T4"]
+    tight = _breakdown(t4.capacity - t4.context - 16 * MiB).verdict("T4")
+    line = verdict_line(tight)
+    assert line.startswith("T4: [yellow]tight[/yellow] (fits the capacity, with less than the margin free), headroom -")
+    old = {"gpu": "T4", "fits": False, "headroom": -GiB, "margin": 0.02, "advice": "x"}  # a row from before levels
+    assert verdict_line(old).startswith("T4: [red]does not fit[/red], headroom -1.000 GiB")
+
+
 def test_the_chapters_t4_rows():
     """The book's outcomes on its T4: everything but batch 16 fits (or is tight, with the reason), batch 16
     does not, by both methods (simulate carries the analytic reserved bytes along)."""
