@@ -146,6 +146,10 @@ def test_the_chapters_t4_rows():
         assert b.method == "simulate" and b.terms["cublas_workspace"] == 2 * 8_519_680
         assert b.device_overhead == CATALOG["T4"].overhead("sdpa", "fp16", run.setup.peft)
         levels[run.label] = (v["methods"]["simulate"], v["methods"]["analytic"])
+        # the analytic level the verdict carries is `--method analytic`'s own
+        a = estimate(MODEL, run.setup.replace(gpu="T4"), "analytic")
+        assert a.memory["peak_reserved"] == b.terms["analytic_reserved"]
+        assert a.verdict("T4")["level"] == v["methods"]["analytic"]
         notes[run.label] = b.to_result("T4").notes
     assert levels == {
         "batch 4": ("fits", "fits"), "batch 8": ("fits", "fits"), "batch 16": ("no", "no"),
