@@ -129,6 +129,10 @@ def test_the_verdict_line_says_the_level():
     tight = _breakdown(t4.capacity - t4.context - 16 * MiB).verdict("T4")
     line = verdict_line(tight)
     assert line.startswith("T4: [yellow]tight[/yellow] (fits the capacity, with less than the margin free), headroom -")
+    assert tight["runtime"] == "H200" and "modelled on the H200: pass --gpu T4" in line  # no gpu in its setup
+    on_t4 = Breakdown("analytic", _breakdown(0).memory, {}, "optimizer step",
+                      {**TrainSetup(precision="fp16", gpu="T4").to_dict(), "device": "cuda"}, {}, 0)
+    assert on_t4.verdict("t4")["runtime"] == "T4" and "modelled" not in verdict_line(on_t4.verdict("T4"))
     old = {"gpu": "T4", "fits": False, "headroom": -GiB, "margin": 0.02, "advice": "x"}  # a row from before levels
     assert verdict_line(old).startswith("T4: [red]does not fit[/red], headroom -1.000 GiB")
 

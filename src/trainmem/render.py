@@ -30,8 +30,11 @@ LEVEL_WORDS = {"fits": "[green]fits[/green]", "no": "[red]does not fit[/red]",
 def verdict_line(v: dict[str, Any]) -> str:
     """The verdict in one line; rows written before levels existed have only `fits`."""
     level = v.get("level") or ("fits" if v["fits"] else "no")
+    other = v.get("runtime") and v["runtime"] != v["gpu"]
     return (f"{v['gpu']}: {LEVEL_WORDS[level]}, headroom {size(v['headroom'])} (reserved + memory outside the "
-            f"allocator vs capacity, {v['margin']:.0%} margin); cut first: {v['advice']}")
+            f"allocator vs capacity, {v['margin']:.0%} margin); cut first: {v['advice']}"
+            + (f" (kernels and workspaces modelled on the {v['runtime']}: pass --gpu {v['gpu']} to model this card)"
+               if other else ""))
 
 
 def result_tables(r: Result, phases: bool = False) -> list[Any]:

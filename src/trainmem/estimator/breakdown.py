@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..gpus import GPU, find_gpu
+from ..gpus import CATALOG, GPU, find_gpu
 from ..result import Result
 
 ADVICE = {
@@ -74,9 +74,12 @@ class Breakdown:
         level = level_of(need, card, margin)
         parts = {k: self.memory[k] for k in ("weights", "gradients", "optimizer", "activations", "other")}
         cut = max(parts, key=parts.get)  # type: ignore[arg-type]
+        # `runtime`: the card whose cuBLAS workspace and SDPA kernel the estimate modelled (the H200's without
+        # --gpu); where it is not `gpu`, the reserved bytes are that card's, judged against this one
+        modelled = find_gpu(self.setup["gpu"]) if self.setup.get("gpu") else None
         out = {"gpu": card.name, "fits": level == "fits", "level": level, "headroom": headroom, "need": need,
                "capacity": card.capacity, "cut_first": cut, "advice": advice(cut, self.setup.get("peft", "none")),
-               "margin": margin}
+               "margin": margin, "runtime": (modelled or CATALOG["H200"]).name}
         if "analytic_reserved" in self.terms and self.method == "simulate":
             other = level_of(self.terms["analytic_reserved"] + overhead, card, margin)
             out["methods"] = {"simulate": level, "analytic": other}
