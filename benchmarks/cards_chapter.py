@@ -23,10 +23,10 @@ _memo: dict[tuple[Any, ...], Any] = {}
 _simulate_step = est.simulate_step
 
 
-def _cached_step(build: Any, setup: Any, workspace: int, flash: bool) -> Any:
-    key = (repr({k: v for k, v in setup.to_dict().items() if k != "gpu"}), workspace, flash)
+def _cached_step(build: Any, setup: Any, precision: Any = None, **card: Any) -> Any:
+    key = (repr({k: v for k, v in setup.to_dict().items() if k != "gpu"}), precision, repr(sorted(card.items())))
     if key not in _memo:
-        _memo[key] = _simulate_step(build, setup, workspace, flash)
+        _memo[key] = _simulate_step(build, setup, precision, **card)
     return _memo[key]
 
 

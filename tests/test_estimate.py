@@ -114,9 +114,10 @@ def test_simulation_records_the_build_and_cublas_workspaces_as_a_gpu_run_does():
 
 def test_methods_and_fallbacks():
     spec = ModelSpec.resolve("tiny-llama")
-    b = estimate(spec, TrainSetup(precision="amp-bf16"), "simulate")
-    assert b.method == "analytic" and "autocast" in b.notes[0]
-    assert estimate(spec, TrainSetup(precision="bf16")).method == "simulate"
+    for precision in ("amp-bf16", "amp-fp16", "bf16", "fp32"):  # auto simulates every single-GPU setup
+        assert estimate(spec, TrainSetup(precision=precision)).method == "simulate"
+    sharded = estimate(spec, TrainSetup(precision="bf16", gpus=2, shard="zero2"), "simulate")
+    assert sharded.method == "analytic" and "analytic method only" in sharded.notes[0]
     with pytest.raises(SetupError, match="--method: 'guess'"):
         estimate(spec, TrainSetup(), "guess")
     with pytest.raises(SetupError, match="--batch-size"):

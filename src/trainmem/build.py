@@ -85,8 +85,10 @@ def environment_problems(setup: TrainSetup, device: str, precision: str) -> list
 def _lora_config(setup: TrainSetup) -> Any:
     from peft import LoraConfig
 
+    # peft takes the string "all-linear" (every Linear but the output head), not a list holding it
+    targets = "all-linear" if setup.lora_targets == ["all-linear"] else setup.lora_targets
     return LoraConfig(r=setup.lora_r, lora_alpha=setup.lora_alpha, lora_dropout=setup.lora_dropout,
-                      target_modules=setup.lora_targets, bias="none", task_type="CAUSAL_LM")
+                      target_modules=targets, bias="none", task_type="CAUSAL_LM")
 
 
 def _random_model(spec: ModelSpec, dtype: torch.dtype, attention: str, device: str) -> torch.nn.Module:

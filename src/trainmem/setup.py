@@ -225,6 +225,12 @@ class TrainSetup:
         if card is not None and self.precision == "auto" and self.device != "cpu" and spec.stored_dtype == "bfloat16":
             out += [p.replace("--precision bf16", f"--precision auto (the {spec.name} checkpoint is bf16)")
                     for p in _card_problems(card, "bf16")]
+        if self.peft in ("lora", "qlora") and not self.lora_targets:
+            from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as defaults
+
+            if spec.model_type not in defaults:
+                out.append(f"--lora-targets: peft has no default LoRA targets for {spec.model_type} models; "
+                           "pass --lora-targets all-linear or the names of the Linear layers to adapt")
         if self.data is not None and spec.path is None:
             out.append(f"--data: {spec.name} has no tokenizer (a preset or a bare config.json); pass a "
                        "local model folder with tokenizer files as --model, or use the dummy data")

@@ -97,6 +97,31 @@ PRESETS: dict[str, dict[str, Any]] = {
         model_type="gpt2", n_embd=768, n_layer=12, n_head=12, vocab_size=50257, n_positions=1024,
         activation_function="gelu_new", tie_word_embeddings=True, dtype="float32",
     ),
+    "gemma-2-2b": dict(
+        model_type="gemma2", hidden_size=2304, num_hidden_layers=26, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=256, intermediate_size=9216, vocab_size=256000,
+        max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=10000.0, sliding_window=4096,
+        query_pre_attn_scalar=256, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+        hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, dtype="float32",
+    ),
+    "phi-3-mini": dict(
+        model_type="phi3", hidden_size=3072, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=32, intermediate_size=8192, vocab_size=32064, max_position_embeddings=4096,
+        original_max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=2047,
+        tie_word_embeddings=False, hidden_act="silu", pad_token_id=32000, dtype="bfloat16",
+    ),
+    "olmo-2-1b": dict(
+        model_type="olmo2", hidden_size=2048, num_hidden_layers=16, num_attention_heads=16,
+        num_key_value_heads=16, intermediate_size=8192, vocab_size=100352, max_position_embeddings=4096,
+        rms_norm_eps=1e-6, rope_theta=500000.0, tie_word_embeddings=False, hidden_act="silu",
+        pad_token_id=100277, dtype="float32",
+    ),
+    "qwen3-0.6b": dict(
+        model_type="qwen3", hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, intermediate_size=3072, vocab_size=151936,
+        max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
+        hidden_act="silu", dtype="bfloat16",
+    ),
     # Tiny presets: the same architectures at toy size, for tests and for CPU runs in seconds.
     "tiny-gpt-neox": dict(
         model_type="gpt_neox", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -134,6 +159,10 @@ HUB_IDS: dict[str, str] = {
     "Qwen/Qwen2.5-7B": "qwen2.5-7b",
     "mistralai/Mistral-7B-v0.1": "mistral-7b",
     "openai-community/gpt2": "gpt2",
+    "google/gemma-2-2b": "gemma-2-2b",
+    "microsoft/Phi-3-mini-4k-instruct": "phi-3-mini",
+    "allenai/OLMo-2-0425-1B": "olmo-2-1b",
+    "Qwen/Qwen3-0.6B": "qwen3-0.6b",
 }
 
 

@@ -9,7 +9,7 @@ Two methods, the same breakdown (`memory` keys of a measurement):
 - `analytic`: closed-form terms (see `analytic.py`, `states.py`), milliseconds per setup once the
   model's parameter inventory is built;
 - `simulate`: the real model's step on the meta device under trainmem's tensor ledger (`simulate.py`).
-`auto` takes simulate where it models the setup and analytic otherwise (autocast).
+`auto` simulates every single-GPU setup; sharded setups (`--gpus N --shard ...`) use the analytic method.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ..setup import TrainSetup
 from ..specs import ModelSpec
 from . import allocator, analytic, quantized, runtime, sharding, states
 from .breakdown import ADVICE, Breakdown
-from .simulate import UNSUPPORTED, simulate_step, supports
+from .simulate import simulate_step
 
 METHODS = ("auto", "analytic", "simulate")
 
@@ -45,11 +45,8 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
         method = "analytic"
         notes.append(f"per GPU, {setup.gpus} GPUs with {setup.shard}"
                      + (f", {setup.offload} offloaded" if setup.offload != "none" else ""))
-    if method == "simulate" and not supports(setup, precision):
-        notes.append(f"{UNSUPPORTED}: used the analytic method instead")
-        method = "analytic"
     if method == "auto":
-        method = "simulate" if supports(setup, precision) else "analytic"
+        method = "simulate"
     if setup.data is not None:
         notes.append(f"--data: estimated as full {setup.seq_len}-token rows (an upper bound for padded text)")
     if setup.lr_note():
@@ -75,9 +72,6 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
         try:
             analytic.Traits.of(inv.model)
         except ValueError as e:
-            if not supports(setup, precision):
-                raise SetupError([f"--method: the analytic method does not know {spec.name}'s modules ({e}) "
-                                  f"and {UNSUPPORTED}"]) from None
             notes.append(f"the analytic method does not know {spec.name}'s modules ({e}): simulated instead")
             method = "simulate"
     reserved = None
@@ -182,7 +176,8 @@ def _lora_inputs(inv: states.Inventory, setup: TrainSetup, layers: int) -> int:
 
 def _simulate(spec: ModelSpec, setup: TrainSetup, precision: str, notes: list[str],
               card: GPU) -> tuple[dict[str, int], str, dict[str, int], int]:
-    ledger, _ = simulate_step(_builder(spec, setup, precision), setup, card.cublas_workspace, card.flash)
+    ledger, _ = simulate_step(_builder(spec, setup, precision), setup, precision,
+                              workspace=card.cublas_workspace, flash=card.flash)
     memory = dict(ledger.peak_split)  # cuBLAS workspaces included: the simulation allocates them
     memory["peak_allocated"] = ledger.peak
     phase = "optimizer step" if ledger.peak_phase.endswith("optimizer") else "forward/backward"

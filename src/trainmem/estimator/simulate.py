@@ -14,8 +14,8 @@ The ledger records every allocation and free in order, from the model's construc
 head is allocated and freed there, as on the GPU), so that `allocator.replay` can turn the run into the
 caching allocator's reserved bytes as a fresh `trainmem run` process would see them.
 bitsandbytes has no meta kernels: `quantized.py` holds stand-ins with its allocations (QLoRA's 4-bit
-load and layers, 8-bit AdamW). Not modelled (the analytic method handles it): autocast, which meta
-tensors do not take.
+load and layers, 8-bit AdamW). Autocast (`amp-*`), which meta tensors do not take, runs through
+`autocast.CudaAutocast`, CUDA's cast policy applied by a function mode around each forward.
 """
 
 from __future__ import annotations
@@ -28,13 +28,7 @@ import torch
 from ..accumulation import micro_batch_loss
 from ..measure import StateBytes, TensorLedger, state_bytes
 from ..setup import TrainSetup
-from . import quantized, runtime
-
-UNSUPPORTED = "simulate does not model autocast (amp-*)"
-
-
-def supports(setup: TrainSetup, precision: str) -> bool:
-    return not precision.startswith("amp")
+from . import autocast, quantized, runtime
 
 
 class _FlashSDPA(torch.autograd.Function):
@@ -82,13 +76,20 @@ _MATH_SDPA = torch.nn.functional.scaled_dot_product_attention
 
 def _efficient_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     # cards without flash (sm70, sm75) run the memory-efficient kernel in every dtype: the same saves, but
-    # no grouped KV heads, which take the math path
+    # no grouped KV heads, which take the math path; under autocast it runs in the lower precision too
+    region = autocast.active()
+    if region is not None:
+        query, key, value = (region.cast(t, region.dtype) for t in (query, key, value))
     if kwargs.get("enable_gqa") and key.shape[-3] != query.shape[-3]:
         return _MATH_SDPA(query, key, value, *args, **kwargs)
     return _FlashSDPA.apply(query, key, value)
 
 
 def _flash_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    # under autocast SDPA runs in the lower precision (autocast_mode.h lists it): cast before choosing
+    region = autocast.active()
+    if region is not None:
+        query, key, value = (region.cast(t, region.dtype) for t in (query, key, value))
     # CUDA's fused kernels: flash for half precision; memory-efficient for fp32, which does not take
     # grouped KV heads, so fp32 with GQA falls back to the math path (its attention matrix is saved)
     if query.dtype == torch.float32 and kwargs.get("enable_gqa") and key.shape[-3] != query.shape[-3]:
@@ -144,12 +145,16 @@ class CudaKernels:
 
 
 def simulate_step(build: Callable[[TensorLedger], Any], setup: TrainSetup,
+                  precision: str | None = None,
                   workspace: int = runtime.CUBLAS_WORKSPACE // runtime.CUBLAS_HANDLES,
                   flash: bool = True) -> tuple[TensorLedger, StateBytes]:
     """Build the model with `build` (on the meta device, given the ledger for what no operator shows),
     then two optimizer steps (states appear in the first) of the setup's accumulation, all under one
-    recording ledger. `workspace`: bytes per cuBLAS handle; `flash`: the card has the flash kernel."""
-    from ..build import build_optimizer
+    recording ledger. Under `amp-*` each forward (loss included, as `train.train` does) runs in an
+    autocast region. `workspace`: bytes per cuBLAS handle; `flash`: the card has the flash kernel."""
+    from ..build import AUTOCAST_DTYPES, build_optimizer
+
+    amp = AUTOCAST_DTYPES.get(precision or setup.precision)
 
     model: Any = None
     optimizer: Any = None
@@ -164,7 +169,10 @@ def simulate_step(build: Callable[[TensorLedger], Any], setup: TrainSetup,
         model = build(ledger)
     ledger.adopt(list(model.parameters()) + list(model.buffers()))  # any the build did not create itself
     if setup.checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        kwargs: dict[str, Any] = {"use_reentrant": False}
+        if amp is not None:
+            kwargs["context_fn"] = autocast.recompute_context(amp)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     if setup.optimizer in ("adamw", "adamw-fused"):
@@ -183,7 +191,8 @@ def simulate_step(build: Callable[[TensorLedger], Any], setup: TrainSetup,
         for step in (1, 2):
             for k in range(1, setup.grad_accum + 1):
                 ledger.set_phase(f"step{step}.micro{k}.forward")
-                loss = micro_batch_loss(model, batch, tokens)
+                with autocast.region(amp):
+                    loss = micro_batch_loss(model, batch, tokens)
                 ledger.set_phase(f"step{step}.micro{k}.backward")
                 loss.backward()
                 del loss
