@@ -56,6 +56,22 @@ def test_csv_and_markdown(report):
     assert "| polyglot-ko-1.3b | b16 fp16 | ok | 15.673 | simulate (ok) | 15.670 | -0.0% |  | 45870 |" in md
     assert "| polyglot-ko-1.3b | b16 fp16 @T4 | oom |  | simulate (ok) | 15.670 |  | no |  |" in md
     assert "![breakdown](breakdown.png)" in md
+    assert "## The chapter's published figures" in md and "| batch 8 | 11.113 (book text: 11.228) |" in md
+
+
+def test_chapter_figures_beside_trainmems():
+    lines = tables.chapter(load_rows(SAMPLE))
+    assert [c["run"] for c in lines] == ["batch 4", "batch 8", "batch 16", "batch 4, accumulation 4",
+                                         "batch 16, checkpointing", "batch 16, LoRA", "batch 16, QLoRA"]
+    b4, b16, lora = lines[0], lines[2], lines[5]
+    # the T4 rows win over the unconstrained ones: the verdict is the T4's
+    assert (b4["book_first_step"], b4["book_optimizer"], b4["optimizer"], b4["measured"], b4["level"], b4["gpu"]) == (
+        10.586, 4.961, 5327242384, 13391504896, "fits", "T4")
+    assert (b16["book_first_step"], b16["measured"], b16["measured_status"], b16["level"]) == (None, None, "oom", "no")
+    assert lora["book_optimizer"] == 0.006 and "fp32" in lora["why"]
+    head, body = tables.chapter_display(lines)
+    assert body[2][:2] == ["batch 16", "out of memory (12.164 reached)"]
+    assert all(cells[-1] for cells in body)  # one sentence per row on why the figures differ
 
 
 def test_plots_are_real_pngs(report):
@@ -77,7 +93,8 @@ def test_html_renders_in_a_headless_browser(report):
                     'id="plot-breakdown"', 'id="plot-batch"', 'id="plot-throughput"'):
         assert section in dom, section
     assert 'data-decoded-plots="3"' in dom  # the browser decoded the three inlined PNGs
-    assert dom.count("<tr>") == 15 and "b16 qlora ckpt fp16 @T4" in dom
+    assert 'id="chapter-table"' in dom
+    assert dom.count("<tr>") == 15 + 8 and "b16 qlora ckpt fp16 @T4" in dom  # + the chapter's header and 7 runs
 
 
 def test_cli_report_and_its_errors(tmp_path):

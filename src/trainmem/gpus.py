@@ -1,18 +1,74 @@
-"""A catalog of GPUs with the memory a training process can really use on each.
+"""A catalog of GPUs: what a training process can really use on each, and what that card's runtime
+does differently (kernels, cuBLAS workspace, bf16), every figure with its source (docs/cards.md).
 
 `capacity` is the total that PyTorch reports on that card (`torch.cuda.get_device_properties().total_memory`,
 the "total capacity" in its OOM messages), which is already less than the marketing size (ECC, driver
-reserve). `context` is what the CUDA context and kernel images take outside the PyTorch allocator on that
-card; it is an estimate (0.4 GiB unless measured), because it depends on the driver and on which libraries
-load. `--gpu NAME` caps the caching allocator at `capacity - context`, so that a bigger card reproduces a
-smaller card's OOM.
+reserve). `context` is what the CUDA context and the kernels loaded during a training step take outside
+the PyTorch allocator on that card, at the peak. Only the H200's is measured; the others are derived from
+it (`derived_context`): the part of a context that scales with the card (local memory for every thread the
+card can hold) is recomputed, the rest is taken as measured on the H200.
+
+`--gpu NAME` caps the caching allocator at `capacity - context`, so that a bigger card reproduces a
+smaller card's OOM, and makes `estimate` model that card's kernels and workspaces.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 
-GiB = 1024**3
+MiB, GiB = 1024**2, 1024**3
+
+# --- runtime figures measured on the H200 (docs/run-overhead-h200.md, docs/estimate-validation.md,
+# torch 2.11 + CUDA 13, lazy module loading on): "measured H200 2026-12-03"
+H200_CONTEXT_AT_START = 552_402_944
+"""527 MiB: NVML device memory minus reserved right after the CUDA context is created."""
+H200_OVERHEAD = 751 * MiB
+"""Outside the allocator at the peak of a training step with no fused-attention kernel (context + lazily
+loaded cuBLAS / bitsandbytes kernels)."""
+LAZY_KERNELS = H200_OVERHEAD - H200_CONTEXT_AT_START
+"""224 MiB of kernel images loaded during the first step (measured on the H200; taken as is for every card,
+because kernel images of one library are of similar size for each architecture: not measured elsewhere)."""
+FUSED_ATTENTION_KERNELS = 16 * MiB
+"""What loading the flash-attention kernels added on the H200 (767 vs 751 MiB). Applied to the
+memory-efficient kernels of cards without flash: derived, not measured."""
+
+STACK_PER_THREAD = 1024
+"""CUDA's default per-thread stack (`cudaLimitStackSize`, 1 KiB on a fresh context). The driver reserves
+local memory for it as max resident threads per SM x SMs x per-thread local memory, context-wide
+(https://forums.developer.nvidia.com/t/local-memory-management/289339/9)."""
+
+THREADS_PER_SM = {(7, 0): 2048, (7, 5): 1024, (8, 0): 2048, (8, 6): 1536, (8, 9): 1536, (9, 0): 2048,
+                  (12, 0): 1536}
+"""Maximum resident threads per SM, CUDA C++ Programming Guide, "Features and Technical Specifications"."""
+
+ARCHITECTURES = {7: "Volta", 8: "Ampere", 9: "Hopper", 12: "Blackwell"}
+
+
+def local_memory(sm: tuple[int, int], sms: int) -> int:
+    """Bytes of local memory the driver reserves at context creation for the default stack."""
+    return sms * THREADS_PER_SM[sm] * STACK_PER_THREAD
+
+
+CONTEXT_BASE = H200_CONTEXT_AT_START - local_memory((9, 0), 132)
+"""263 MiB of the H200's context that does not scale with the card (driver state, kernels loaded at start)."""
+
+
+def derived_context(sm: tuple[int, int], sms: int) -> int:
+    """Bytes outside the allocator at the peak on a card of `sms` SMs: the H200's context less its local
+    memory, this card's local memory, and the kernels loaded lazily on the H200. Equals the measured
+    751 MiB for the H200 itself."""
+    return CONTEXT_BASE + local_memory(sm, sms) + LAZY_KERNELS
+
+
+CUBLAS_WORKSPACE_HOPPER = 4096 * 8 * 1024
+CUBLAS_WORKSPACE_OTHER = 4096 * 1024 * 2 + 16 * 1024 * 8
+CUBLAS_SOURCE = ("pytorch/pytorch aten/src/ATen/cuda/CublasHandlePool.cpp (commit 26a39059), "
+                 "parseChosenWorkspaceSize: ':4096:2:16:8 default, 32MiB for Hopper' (major == 9 and minor == 0)")
+SDPA_SOURCE = ("pytorch/pytorch aten/src/ATen/native/transformers/cuda/sdp_utils.cpp: flash on [sm80, sm121] in "
+               "fp16/bf16; memory-efficient on [sm50, sm121], bf16 from sm80")
+
+_DEFAULT_CAPACITY_SOURCE = "total capacity in PyTorch OOM messages reported by users of this card (link not recorded)"
 
 
 @dataclass(frozen=True)
@@ -21,8 +77,19 @@ class GPU:
     capacity: int
     """Bytes PyTorch reports as the card's total memory."""
     context: int = int(0.4 * GiB)
-    """Bytes outside the allocator: CUDA context, cuBLAS/cuDNN kernels (estimate unless measured)."""
-    source: str = "total capacity in PyTorch OOM messages reported by users of this card"
+    """Bytes outside the allocator at the peak: CUDA context and lazily loaded kernels (no fused-attention
+    kernels; `overhead` adds those). Measured on the H200, derived elsewhere (`derived_context`)."""
+    source: str = _DEFAULT_CAPACITY_SOURCE
+    """Where `capacity` comes from."""
+    sm: tuple[int, int] = (9, 0)
+    """Compute capability."""
+    sms: int = 0
+    """Streaming multiprocessors (the vendor's datasheet or whitepaper)."""
+    aliases: tuple[str, ...] = ()
+    """Other names users give this card (matched without case and punctuation)."""
+    context_source: str = "estimate (0.4 GiB)"
+    measured: bool = False
+    """The runtime figures were measured on this card (else derived from the H200's)."""
 
     @property
     def usable(self) -> int:
@@ -34,33 +101,138 @@ class GPU:
         keeping `margin` (a fraction of capacity) free: the one rule for estimates and real runs."""
         return int(self.capacity * (1 - margin))
 
+    @property
+    def architecture(self) -> str:
+        return "Turing" if self.sm == (7, 5) else "Ada" if self.sm == (8, 9) else ARCHITECTURES[self.sm[0]]
+
+    @property
+    def bf16(self) -> bool:
+        """Native bf16 arithmetic (sm80+): T4 and V100 have none, so bf16 training there fails."""
+        return self.sm >= (8, 0)
+
+    @property
+    def flash(self) -> bool:
+        """PyTorch's flash-attention SDPA kernel runs here (sm80 to sm121)."""
+        return (8, 0) <= self.sm <= (12, 1)
+
+    def sdpa_kernel(self, dtype: str) -> str:
+        """The fused SDPA kernel PyTorch picks for `dtype` (fp16, bf16, fp32) without a mask:
+        flash for half precision where it exists, memory-efficient otherwise (`SDPA_SOURCE`);
+        `none` where no fused kernel takes the dtype (the math path runs)."""
+        if dtype in ("fp16", "bf16") and self.flash:
+            return "flash"
+        if dtype == "bf16" and not self.bf16:
+            return "none"
+        return "efficient"
+
+    @property
+    def cublas_workspace(self) -> int:
+        """Bytes of the workspace PyTorch allocates for each cuBLAS handle by default (`CUBLAS_SOURCE`):
+        32 MiB on sm90 only, 8 MiB + 128 KiB on every other architecture."""
+        return CUBLAS_WORKSPACE_HOPPER if self.sm == (9, 0) else CUBLAS_WORKSPACE_OTHER
+
+    def overhead(self, attention: str, precision: str, peft: str) -> int:
+        """Bytes outside the allocator at the peak of a step of this setup: `context`, plus the
+        fused-attention kernels where SDPA runs on half-precision q, k, v (not under QLoRA, whose
+        activations are fp32)."""
+        fused = attention == "sdpa" and precision != "fp32" and peft != "qlora"
+        return self.context + (FUSED_ATTENTION_KERNELS if fused else 0)
+
+    def sources(self) -> dict[str, str]:
+        """Each figure of this record and where it comes from."""
+        return {"capacity": self.source, "context": self.context_source,
+                "compute capability": f"sm{self.sm[0]}{self.sm[1]}, {self.sms} SMs (NVIDIA datasheet)",
+                "cuBLAS workspace": CUBLAS_SOURCE, "SDPA kernels": SDPA_SOURCE,
+                "bf16": "native from sm80 (Ampere); sm70/sm75 have no bf16 tensor cores"}
+
 
 def _gib(x: float) -> int:
     return int(x * GiB)
 
 
+def _card(name: str, capacity: int, sm: tuple[int, int], sms: int, source: str = _DEFAULT_CAPACITY_SOURCE,
+          aliases: tuple[str, ...] = ()) -> GPU:
+    return GPU(name, capacity, derived_context(sm, sms), source, sm, sms, aliases,
+               context_source=f"derived from the H200 measurement for {sms} SMs x {THREADS_PER_SM[sm]} threads "
+                              "(see gpus.derived_context); not measured on this card")
+
+
+def _oom(url: str, text: str) -> str:
+    return f"PyTorch OOM message '{text}', {url}"
+
+
 CATALOG: dict[str, GPU] = {g.name: g for g in [
-    GPU("T4", _gib(14.75)),
-    GPU("V100-16GB", _gib(15.77)),
-    GPU("V100-32GB", _gib(31.74)),
-    GPU("L4", _gib(22.03)),
-    GPU("A10G", _gib(22.19)),
-    GPU("RTX-3090", _gib(23.69)),
-    GPU("RTX-4090", _gib(23.64)),
-    GPU("A6000", _gib(47.54)),
-    GPU("L40S", _gib(44.53)),
-    GPU("A100-40GB", _gib(39.39)),
-    GPU("A100-80GB", _gib(79.15)),
-    GPU("H100-80GB", _gib(79.11)),
-    # Measured on the H200 used for docs/ (2026-12-02): total_memory and the CUDA context, torch 2.11.
-    GPU("H200", 150_109_880_320, context=552_402_944, source="measured, docs/run-chapter-h200.md"),
+    _card("T4", _gib(14.75), (7, 5), 40, aliases=("Tesla T4",)),
+    _card("V100-16GB", _gib(15.77), (7, 0), 80, aliases=("V100 16GB", "Tesla V100 16GB")),
+    _card("V100-32GB", _gib(31.74), (7, 0), 80, aliases=("V100 32GB", "Tesla V100 32GB")),
+    _card("L4", _gib(22.03), (8, 9), 58),
+    _card("A10G", _gib(22.19), (8, 6), 80),
+    _card("RTX-3060-12GB", _gib(11.75), (8, 6), 28,
+          _oom("https://github.com/Kunhao-Liu/StyleGaussian/issues/12", "11.75 GiB total capacity"),
+          aliases=("3060", "RTX 3060", "GeForce RTX 3060")),
+    _card("RTX-3090", _gib(23.69), (8, 6), 82, aliases=("3090", "GeForce RTX 3090")),
+    _card("RTX-4080", _gib(15.99), (8, 9), 76,
+          _oom("https://github.com/aigc-apps/sd-webui-EasyPhoto/issues/281", "15.99 GiB total capacity"),
+          aliases=("4080", "GeForce RTX 4080")),
+    _card("RTX-4090", _gib(23.64), (8, 9), 128,
+          _oom("https://github.com/ali-vilab/VGen/issues/104", "total capacity of 23.64 GiB"),
+          aliases=("4090", "GeForce RTX 4090")),
+    _card("RTX-5090", _gib(31.36), (12, 0), 170,
+          _oom("https://github.com/TrajectoryCrafter/TrajectoryCrafter/issues/20", "total capacity of 31.36 GiB"),
+          aliases=("5090", "GeForce RTX 5090")),
+    _card("A4000", _gib(15.61), (8, 6), 48,
+          _oom("https://github.com/DengKaiCQ/VGGT-Long/issues/6", "total capacity of 15.61 GiB"),
+          aliases=("RTX A4000",)),
+    _card("A5000", _gib(23.67), (8, 6), 64,
+          _oom("https://github.com/Magicboomliu/Accelerator-Simple-Template/issues/7", "23.67 GiB total capacity"),
+          aliases=("RTX A5000",)),
+    _card("A6000", _gib(47.54), (8, 6), 84, aliases=("RTX A6000",)),
+    _card("L40S", _gib(44.53), (8, 9), 142),
+    _card("A100-40GB", _gib(39.39), (8, 0), 108, aliases=("A100 40GB", "A100-SXM4-40GB", "A100-PCIE-40GB")),
+    _card("A100-80GB", _gib(79.15), (8, 0), 108, aliases=("A100 80GB", "A100-SXM4-80GB", "A100-PCIE-80GB")),
+    _card("H100-80GB", _gib(79.11), (9, 0), 132, aliases=("H100", "H100 SXM", "H100-SXM5-80GB")),
+    # measured on the H200 used for docs/ (2026-12-02/03): total_memory, context, overhead at the peak
+    GPU("H200", 150_109_880_320, H200_OVERHEAD, "measured H200 2026-12-02, docs/run-chapter-h200.md", (9, 0), 132,
+        ("H200 141GB",), context_source="measured H200 2026-12-03: 527 MiB context at start + 224 MiB kernels "
+        "loaded during the first step (docs/estimate-validation.md)", measured=True),
 ]}
+
+AMBIGUOUS = {"a100": ("A100-40GB", "A100-80GB"), "v100": ("V100-16GB", "V100-32GB")}
+"""Names that fit several cards: the lookup asks which."""
+
+
+def _key(name: str) -> str:
+    """Case and punctuation dropped, and the vendor words users add or leave out."""
+    k = re.sub(r"[^a-z0-9]", "", name.lower())
+    for word in ("nvidia", "geforce", "tesla", "quadro"):
+        k = k.replace(word, "")
+    return k
+
+
+def _index() -> dict[str, GPU]:
+    out: dict[str, GPU] = {}
+    for gpu in CATALOG.values():
+        for n in (gpu.name, *gpu.aliases):
+            out[_key(n)] = gpu
+            if _key(n).startswith("rtx"):
+                out[_key(n)[3:]] = gpu
+    return out
+
+
+_INDEX = _index()
 
 
 def find_gpu(name: str) -> GPU | None:
-    """Case-insensitive lookup that ignores '-' and '_' (t4, A100_80GB, h100-80gb all work)."""
-    norm = name.replace("_", "-").upper()
-    for key, gpu in CATALOG.items():
-        if key.upper() == norm or key.upper().replace("-", "") == norm.replace("-", ""):
-            return gpu
-    return None
+    """The card `name` means, without case or punctuation (t4, A100_80GB, rtx4090, RTX-4090, 4090);
+    None for an unknown or ambiguous name (`gpu_problem` says which)."""
+    return _INDEX.get(_key(name))
+
+
+def gpu_problem(name: str) -> str | None:
+    """Why `name` names no card (ambiguous or unknown, with what to pass instead); None when it does."""
+    if find_gpu(name) is not None:
+        return None
+    if _key(name) in AMBIGUOUS:
+        options = AMBIGUOUS[_key(name)]
+        return f"--gpu: {name!r} comes with different memory sizes: pass {' or '.join(options)}"
+    return f"--gpu: unknown card {name!r}; known: {', '.join(CATALOG)} (or cap by bytes with --memory-cap)"

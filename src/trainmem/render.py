@@ -23,6 +23,20 @@ def size(n: int | None) -> str:
     return f"{n / GiB:.3f} GiB" if abs(n) >= 100 * MiB else f"{n / MiB:.2f} MiB"
 
 
+LEVEL_WORDS = {"fits": "[green]fits[/green]", "no": "[red]does not fit[/red]",
+               "tight": "[yellow]tight[/yellow] (fits the capacity, with less than the margin free)"}
+
+
+def verdict_line(v: dict[str, Any]) -> str:
+    """The verdict in one line; rows written before levels existed have only `fits`."""
+    level = v.get("level") or ("fits" if v["fits"] else "no")
+    other = v.get("runtime") and v["runtime"] != v["gpu"]
+    return (f"{v['gpu']}: {LEVEL_WORDS[level]}, headroom {size(v['headroom'])} (reserved + memory outside the "
+            f"allocator vs capacity, {v['margin']:.0%} margin); cut first: {v['advice']}"
+            + (f" (kernels and workspaces modelled on the {v['runtime']}: pass --gpu {v['gpu']} to model this card)"
+               if other else ""))
+
+
 def result_tables(r: Result, phases: bool = False) -> list[Any]:
     s = r.setup
     title = (f"{r.model.get('name')}  batch {s['batch_size']} x accum {s['grad_accum']} "
@@ -55,10 +69,7 @@ def result_tables(r: Result, phases: bool = False) -> list[Any]:
         out.append(f"throughput: {tp['tokens_per_s']:,.0f} tokens/s, {tp['step_time_s'] * 1000:.1f} ms/step "
                    f"over {tp['timed_steps']} unprobed step(s)")
     if r.verdict:
-        v = r.verdict
-        word = "[green]fits[/green]" if v["fits"] else "[red]does not fit[/red]"
-        out.append(f"{v['gpu']}: {word}, headroom {size(v['headroom'])} (reserved + context vs capacity, "
-                   f"{v['margin']:.0%} margin); cut first: {v['advice']}")
+        out.append(verdict_line(r.verdict))
     if r.oom:
         req = r.oom.get("tried_to_allocate")
         out.append(f"[red]OOM[/red] in phase [bold]{r.oom['phase']}[/bold]: tried to allocate {size(req)}, "

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import SetupError
-from .gpus import CATALOG, find_gpu
+from .gpus import find_gpu, gpu_problem
 
 PEFTS = ("none", "lora", "qlora")
 PRECISIONS = ("auto", "fp32", "fp16", "bf16", "amp-bf16", "amp-fp16")
@@ -195,9 +195,10 @@ class TrainSetup:
             out.append(f"--offload {self.offload}: needs --shard zero1|zero2|zero3|fsdp")
         if self.offload == "params" and self.shard not in ("zero3", "fsdp"):
             out.append("--offload params: only ZeRO-3 and FSDP shard (and so can offload) parameters")
-        if self.gpu is not None and find_gpu(self.gpu) is None:
-            out.append(f"--gpu: unknown card {self.gpu!r}; known: {', '.join(CATALOG)} "
-                       "(or cap by bytes with --memory-cap)")
+        if self.gpu is not None and gpu_problem(self.gpu):
+            out.append(gpu_problem(self.gpu))  # type: ignore[arg-type]
+        elif self.gpu is not None:
+            out += _card_problems(find_gpu(self.gpu), self.precision)  # type: ignore[arg-type]
         if self.memory_cap is not None and self.memory_cap < 1:
             out.append(f"--memory-cap: must be a positive number of bytes, got {self.memory_cap}")
         if self.peft == "none" and self.lora_targets:
@@ -220,6 +221,10 @@ class TrainSetup:
         if max_pos is not None and isinstance(self.seq_len, int) and self.seq_len > max_pos:
             out.append(f"--seq-len: {self.seq_len} is longer than {spec.name}'s {max_pos} positions; "
                        f"use --seq-len {max_pos} or less")
+        card = find_gpu(self.gpu) if self.gpu else None
+        if card is not None and self.precision == "auto" and self.device != "cpu" and spec.stored_dtype == "bfloat16":
+            out += [p.replace("--precision bf16", f"--precision auto (the {spec.name} checkpoint is bf16)")
+                    for p in _card_problems(card, "bf16")]
         if self.peft in ("lora", "qlora") and not self.lora_targets:
             from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as defaults
 
@@ -237,6 +242,14 @@ class TrainSetup:
         if found:
             raise SetupError(found)
         return self
+
+
+def _card_problems(card: Any, precision: str) -> list[str]:
+    """bf16 on a card without native bf16 (sm70, sm75) fails at the first kernel that needs it."""
+    if card.bf16 or precision not in ("bf16", "amp-bf16"):
+        return []
+    return [f"--precision {precision}: the {card.name} (sm{card.sm[0]}{card.sm[1]}, {card.architecture}) has no "
+            "native bf16; use --precision amp-fp16 (fp32 weights, fp16 autocast with a gradient scaler)"]
 
 
 def training_arguments_values(args: Any, model: Any = None) -> dict[str, Any]:

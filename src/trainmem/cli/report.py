@@ -12,7 +12,7 @@ from pathlib import Path
 from rich.console import Console
 
 from ..errors import SetupError
-from ..gpus import CATALOG, find_gpu
+from ..gpus import gpu_problem
 
 
 def register(p: argparse.ArgumentParser) -> None:
@@ -27,8 +27,8 @@ def main(args: argparse.Namespace) -> int:
     problems = []
     if not Path(args.file).is_file():
         problems.append(f"FILE.jsonl: no such file {args.file!r}; pass the --out file of trainmem sweep/run/estimate")
-    if args.gpu and not find_gpu(args.gpu):
-        problems.append(f"--gpu: unknown card {args.gpu!r}; known: {', '.join(CATALOG)}")
+    if args.gpu and gpu_problem(args.gpu):
+        problems.append(gpu_problem(args.gpu))
     if problems:
         raise SetupError(problems)
     try:

@@ -47,9 +47,10 @@ def _seed_estimate(console: Console) -> None:
     from ..render import size
     from ..setup import TrainSetup
 
-    b = estimate("polyglot-ko-1.3b", TrainSetup(batch_size=4, precision="fp16"), "analytic")
+    b = estimate("polyglot-ko-1.3b", TrainSetup(batch_size=4, precision="fp16", gpu="T4"), "analytic")
     v = b.verdict("T4")
+    word = {"fits": "fits", "tight": "fits, tightly,", "no": "does not fit"}[v["level"]]
     console.print(f"Estimated without a GPU, the seed's run (polyglot-ko-1.3b, batch 4 x 256, fp16, AdamW) on a "
                   f"T4: peak {size(b.peak)} in the {b.peak_phase}, "
-                  f"{'fits' if v['fits'] else 'does not fit'} with {size(v['headroom'])} to spare. "
+                  f"{word} with {size(v['headroom'])} to spare. "
                   "Try: trainmem estimate --model polyglot-ko-1.3b --precision fp16 --batch-size 16 --gpu T4")

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..gpus import CATALOG, GPU, find_gpu
 from ..measure import TensorLedger
 from ..setup import TrainSetup
 from ..specs import ModelSpec
@@ -50,6 +51,15 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
         notes.append(f"--data: estimated as full {setup.seq_len}-token rows (an upper bound for padded text)")
     if setup.lr_note():
         notes.append(setup.lr_note())
+    # the card's runtime (cuBLAS workspace, SDPA kernel, memory outside the allocator); without --gpu the
+    # H200's, where the runtime figures were measured
+    card = find_gpu(setup.gpu) if setup.gpu else None
+    runtime_card = card or CATALOG["H200"]
+    if card is not None and not card.measured:
+        notes.append(f"{card.name}: runtime figures derived from the H200 measurement (docs/cards.md): "
+                     f"{card.cublas_workspace / 2**20:.3g} MiB cuBLAS workspace per handle, "
+                     f"{card.context / 2**20:.0f} MiB outside the allocator"
+                     + ("" if card.flash else ", memory-efficient SDPA instead of flash (no flash kernel before sm80)"))
     if setup.optimizer == "paged-adamw-8bit":
         notes.append("paged optimizer states live in CUDA managed memory: outside peak_allocated, inside device_used")
     resolved = setup.replace(device="cuda", precision=precision)
@@ -66,9 +76,14 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
             method = "simulate"
     reserved = None
     if method == "simulate":
-        memory, phase, terms, reserved = _simulate(spec, setup, precision, notes)
+        memory, phase, terms, reserved = _simulate(spec, setup, precision, notes, runtime_card)
+        if card is not None and setup.optimizer != "paged-adamw-8bit":
+            # the other method's reserved bytes, so that the verdict can say where the two disagree
+            other = _analytic_reserved(inv, setup, precision, model_states, runtime_card)
+            if other is not None:
+                terms["analytic_reserved"] = other
     else:
-        memory, phase, terms = _analytic(inv, setup, precision, model_states, notes)
+        memory, phase, terms = _analytic(inv, setup, precision, model_states, notes, runtime_card)
     if setup.optimizer == "paged-adamw-8bit":
         memory["peak_allocated"] -= memory["optimizer"]
         memory["optimizer"] = 0
@@ -76,23 +91,35 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
     # order to replay and takes the measured median gap
     memory["peak_reserved"] = reserved if reserved is not None else int(memory["peak_allocated"] * runtime.RESERVED_OVER_ALLOCATED)
     paged = model_states["optimizer"] if setup.optimizer == "paged-adamw-8bit" else 0
-    overhead = runtime.device_overhead(setup.attention, precision, setup.peft)
+    overhead = runtime_card.overhead(setup.attention, precision, setup.peft)
     memory["device_used"] = memory["peak_reserved"] + overhead + paged
     return Breakdown(method, memory, model_states, phase, resolved.to_dict(), model, overhead,
                      terms, tuple(notes))
 
 
+def _analytic_reserved(inv: states.Inventory, setup: TrainSetup, precision: str, ms: dict[str, int],
+                       card: GPU) -> int | None:
+    """The analytic method's peak reserved bytes, or None where it does not know the model's modules."""
+    try:
+        memory, _, _ = _analytic(inv, setup, precision, ms, [], card)
+    except ValueError:
+        return None
+    return int(memory["peak_allocated"] * runtime.RESERVED_OVER_ALLOCATED)
+
+
 def _analytic(inv: states.Inventory, setup: TrainSetup, precision: str, ms: dict[str, int],
-              notes: list[str]) -> tuple[dict[str, int], str, dict[str, int]]:
+              notes: list[str], card: GPU) -> tuple[dict[str, int], str, dict[str, int]]:
     t = analytic.Traits.of(inv.model)
     # matmul outputs are half under fp16/bf16/autocast; under QLoRA bitsandbytes casts each 4-bit Linear's
     # output back to its input's dtype, fp32, because peft upcasts the embeddings and norms
     e = 2 if precision in ("fp16", "bf16", "amp-bf16", "amp-fp16") and setup.peft != "qlora" else 4
     # the residual stream runs in fp32 under autocast over fp32 weights and under QLoRA
     r = 4 if (precision.startswith("amp") or setup.peft == "qlora" or e == 4) else 2
+    half = "bf16" if "bf16" in precision else "fp16"
+    flash = card.sdpa_kernel(half if e == 2 else "fp32") == "flash"
     acts = analytic.activations(t, setup.batch_size, setup.seq_len, e, r, setup.checkpointing,
                                 setup.attention == "eager", _lora_inputs(inv, setup, t.layers),
-                                frozen=setup.peft != "none")
+                                frozen=setup.peft != "none", flash=flash)
     terms = dict(acts.terms)
     saved = acts.saved
     if precision.startswith("amp"):
@@ -112,15 +139,16 @@ def _analytic(inv: states.Inventory, setup: TrainSetup, precision: str, ms: dict
     transient = acts.backward_transient + rank.gathered
     fwd_bwd = w + o + g_resident + saved + transient
     terms["optimizer_step_temporaries"] = step_temp
-    terms["cublas_workspace"] = runtime.CUBLAS_WORKSPACE
+    workspace = runtime.CUBLAS_HANDLES * card.cublas_workspace
+    terms["cublas_workspace"] = workspace
     step = w + g + o + step_temp
     if fwd_bwd >= step:
         memory = {"weights": w, "gradients": g_resident, "optimizer": o, "activations": saved,
-                  "other": transient + runtime.CUBLAS_WORKSPACE}
+                  "other": transient + workspace}
         phase = "forward/backward"
     else:
         memory = {"weights": w, "gradients": g, "optimizer": o, "activations": 0,
-                  "other": step_temp + runtime.CUBLAS_WORKSPACE}
+                  "other": step_temp + workspace}
         phase = "optimizer step"
     memory["peak_allocated"] = sum(memory.values())
     return memory, phase, terms
@@ -146,14 +174,15 @@ def _lora_inputs(inv: states.Inventory, setup: TrainSetup, layers: int) -> int:
     return widths // layers
 
 
-def _simulate(spec: ModelSpec, setup: TrainSetup, precision: str,
-              notes: list[str]) -> tuple[dict[str, int], str, dict[str, int], int]:
-    ledger, _ = simulate_step(_builder(spec, setup, precision), setup, precision)
+def _simulate(spec: ModelSpec, setup: TrainSetup, precision: str, notes: list[str],
+              card: GPU) -> tuple[dict[str, int], str, dict[str, int], int]:
+    ledger, _ = simulate_step(_builder(spec, setup, precision), setup, precision,
+                              workspace=card.cublas_workspace, flash=card.flash)
     memory = dict(ledger.peak_split)  # cuBLAS workspaces included: the simulation allocates them
     memory["peak_allocated"] = ledger.peak
     phase = "optimizer step" if ledger.peak_phase.endswith("optimizer") else "forward/backward"
     reserved = _replay(ledger.events or [], setup.cap_bytes(), notes)
-    return memory, phase, {"simulated_peak": ledger.peak, "cublas_workspace": runtime.CUBLAS_WORKSPACE,
+    return memory, phase, {"simulated_peak": ledger.peak, "cublas_workspace": runtime.CUBLAS_HANDLES * card.cublas_workspace,
                            "replayed_reserved": reserved}, reserved
 
 

@@ -74,13 +74,15 @@ def _first_layer(model: Any) -> torch.nn.Module:
 
 
 def layer_saved(t: Traits, tokens: int, seq: int, e: int, r: int, eager: bool, lora_in: int = 0,
-                frozen: bool = False) -> int:
+                frozen: bool = False, flash: bool = True) -> int:
     """Bytes one decoder layer saves for backward (flash/memory-efficient SDPA unless `eager`).
 
     `e`: bytes of matmul outputs; `r`: bytes of the residual stream and norms (4 under autocast over fp32
     weights and under QLoRA, where the norms run in fp32); `lora_in`: input features of the layer's
     LoRA-adapted Linears; `frozen`: the base weights take no gradient (LoRA/QLoRA), so a frozen Linear or
     norm weight needs no saved input: only what gradients flowing to earlier adapters pass through.
+    `flash`: the card runs the flash kernel for these activations (sm80+ in half precision); otherwise
+    the memory-efficient kernel, which saves the same tensors but takes no grouped KV heads.
     """
     h, hkv, i, T = t.hidden, t.kv_width, t.ffn, tokens
     if t.norm == "rms":
@@ -99,8 +101,8 @@ def layer_saved(t: Traits, tokens: int, seq: int, e: int, r: int, eager: bool, l
     attn_out = (1 if frozen else 2) * e * h * T  # SDPA output (+ its copy saved by a trainable o_proj)
     # CUDA runs flash in half precision and the memory-efficient kernel in fp32, except with grouped KV
     # heads, which it does not take: fp32 + GQA falls back to the math path, which keeps the attention
-    # matrix and K, V expanded to all heads
-    math_path = not eager and e == 4 and hkv < h
+    # matrix and K, V expanded to all heads; so does half precision + GQA on a card without flash (T4, V100)
+    math_path = not eager and (e == 4 or not flash) and hkv < h
     lse = 0 if math_path else 4 * t.heads * T  # fp32 log-sum-exp per head and token (fused kernels)
     if eager:
         scores = (4 + e) * t.heads * seq * T  # fp32 softmax output + its cast for P @ V
@@ -127,9 +129,9 @@ class ActivationTerms:
 
 
 def activations(t: Traits, batch: int, seq: int, e: int, r: int, checkpointing: bool, eager: bool,
-                lora_in: int = 0, frozen: bool = False) -> ActivationTerms:
+                lora_in: int = 0, frozen: bool = False, flash: bool = True) -> ActivationTerms:
     T = batch * seq
-    per_layer = layer_saved(t, T, seq, e, r, eager, lora_in, frozen)
+    per_layer = layer_saved(t, T, seq, e, r, eager, lora_in, frozen, flash)
     logits = 4 * t.vocab * T  # fp32 log-softmax output kept by cross-entropy (transformers 5 upcasts)
     final_norm = (4 + r + e) * t.hidden * T if t.norm == "rms" else (r + e) * t.hidden * T
     if checkpointing:

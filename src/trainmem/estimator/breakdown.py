@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..gpus import GPU, find_gpu
+from ..gpus import CATALOG, GPU, find_gpu
 from ..result import Result
 
 ADVICE = {
@@ -30,6 +30,14 @@ def advice(cut: str, peft: str) -> str:
     return ADAPTERS_ADVICE[cut] if already and cut in ADAPTERS_ADVICE else ADVICE[cut]
 
 
+LEVELS = ("fits", "tight", "no")
+
+
+def level_of(need: int, card: GPU, margin: float) -> str:
+    """`fits` within the budget (capacity less the margin), `tight` within the capacity, else `no`."""
+    return "fits" if need <= card.budget(margin) else "tight" if need <= card.capacity else "no"
+
+
 @dataclass(frozen=True)
 class Breakdown:
     method: str
@@ -50,24 +58,56 @@ class Breakdown:
         return self.memory["peak_allocated"]
 
     def verdict(self, gpu: str | GPU, margin: float = 0.02) -> dict[str, Any]:
-        """Fits when reserved + the card's context stays `margin` (fraction of capacity) below capacity."""
+        """Judged on what causes an OOM: need = peak reserved + the card's memory outside the allocator.
+        `level`: `fits` when need leaves `margin` (a fraction of capacity) free, `tight` when it fits the
+        capacity with less than that free (fragmentation, another process or a longer batch can tip it
+        over), `no` beyond the capacity. `fits` is `level == "fits"`, as before levels existed. Where
+        the estimate also holds the other method's reserved bytes, `methods` gives both levels and
+        `disagree` says whether they differ."""
         card = gpu if isinstance(gpu, GPU) else find_gpu(gpu)
         if card is None:
             raise ValueError(f"unknown GPU {gpu!r}")
-        need = self.memory["peak_reserved"] + card.context
+        overhead = card.overhead(self.setup.get("attention", "sdpa"), self.setup.get("precision", "fp16"),
+                                 self.setup.get("peft", "none"))
+        need = self.memory["peak_reserved"] + overhead
         headroom = card.budget(margin) - need
+        level = level_of(need, card, margin)
         parts = {k: self.memory[k] for k in ("weights", "gradients", "optimizer", "activations", "other")}
         cut = max(parts, key=parts.get)  # type: ignore[arg-type]
-        return {"gpu": card.name, "fits": headroom >= 0, "headroom": headroom, "cut_first": cut,
-                "advice": advice(cut, self.setup.get("peft", "none")), "margin": margin}
+        # `runtime`: the card whose cuBLAS workspace and SDPA kernel the estimate modelled (the H200's without
+        # --gpu); where it is not `gpu`, the reserved bytes are that card's, judged against this one
+        modelled = find_gpu(self.setup["gpu"]) if self.setup.get("gpu") else None
+        out = {"gpu": card.name, "fits": level == "fits", "level": level, "headroom": headroom, "need": need,
+               "capacity": card.capacity, "cut_first": cut, "advice": advice(cut, self.setup.get("peft", "none")),
+               "margin": margin, "runtime": (modelled or CATALOG["H200"]).name}
+        if "analytic_reserved" in self.terms and self.method == "simulate":
+            other = level_of(self.terms["analytic_reserved"] + overhead, card, margin)
+            out["methods"] = {"simulate": level, "analytic": other}
+            out["disagree"] = other != level
+        return out
+
+    def disagreement(self, gpu: str | GPU, margin: float = 0.02) -> str | None:
+        """A sentence where simulate and analytic put this setup at different levels on `gpu`."""
+        v = self.verdict(gpu, margin)
+        if not v.get("disagree"):
+            return None
+        other = self.terms["analytic_reserved"]
+        return (f"the methods disagree on the {v['gpu']}: simulate says {v['methods']['simulate']} "
+                f"({self.memory['peak_reserved'] / 2**30:.2f} GiB reserved), analytic says "
+                f"{v['methods']['analytic']} ({other / 2**30:.2f} GiB reserved); simulate replays this step's "
+                "allocations, analytic takes the median reserved/allocated ratio")
 
     def fits(self, gpu: str | GPU, margin: float = 0.02) -> bool:
         return bool(self.verdict(gpu, margin)["fits"])
 
     def to_result(self, gpu: str | None = None, margin: float = 0.02) -> Result:
         """The same result object as a measurement, so rows of both sit side by side in one file."""
+        notes = list(self.notes)
+        said = self.disagreement(gpu, margin) if gpu else None
+        if said:
+            notes.append(said)
         return Result(kind="estimate", status="ok", setup=self.setup, model=self.model, memory=dict(self.memory),
                       model_states=dict(self.model_states),
                       effective_batch=self.setup["batch_size"] * self.setup["grad_accum"] * self.setup["gpus"],
-                      peak_phase=self.peak_phase, notes=list(self.notes), method=self.method,
+                      peak_phase=self.peak_phase, notes=notes, method=self.method,
                       terms=dict(self.terms), verdict=self.verdict(gpu, margin) if gpu else None)

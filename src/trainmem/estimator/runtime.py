@@ -7,10 +7,13 @@ docs/data/validation-h200-2026-12-02.jsonl and docs/data/chapter-h200-2026-12-02
 
 from __future__ import annotations
 
+from ..gpus import CATALOG, FUSED_ATTENTION_KERNELS, H200_OVERHEAD
+
 MiB = 1024**2
 
 CUBLAS_WORKSPACE = 64 * MiB
-"""Two cuBLAS handles (the forward thread's and autograd's) x 32 MiB on Hopper; measured as the gap between
+"""Two cuBLAS handles (the forward thread's and autograd's) x 32 MiB on Hopper (other architectures:
+`GPU.cublas_workspace`, 8 MiB + 128 KiB); measured as the gap between
 `memory_allocated` after the first step and weights + gradients + states (0.0625 GiB in every full run)."""
 
 CUBLAS_HANDLES = 2
@@ -22,21 +25,20 @@ docs/data/validation-isolated-h200-2026-12-03.jsonl): the caching allocator's ro
 blocks. Only the analytic method uses it (autocast and sharded setups); simulate replays its allocations
 through the allocator's policy (`allocator.py`)."""
 
-DEVICE_OVERHEAD = 751 * MiB
+DEVICE_OVERHEAD = H200_OVERHEAD
 """Device memory beyond the allocator's reservations at the peak (device_used - peak_reserved) in a fresh
 process: the CUDA context (527 MiB at start) plus the kernels loaded lazily (cuBLAS, bitsandbytes); 751
-MiB in each isolated validation run that used no flash-attention kernel, on the H200. Cards in the
-catalog with their own `context` use that instead."""
+MiB in each isolated validation run that used no flash-attention kernel, on the H200. The estimate uses
+the card's figure (`GPU.context`, derived from this one for the other cards: `gpus.derived_context`)."""
 
-FLASH_KERNELS = 16 * MiB
+FLASH_KERNELS = FUSED_ATTENTION_KERNELS
 """What loading the flash-attention kernels adds to DEVICE_OVERHEAD: 767 MiB in every isolated run with
 SDPA over half-precision activations, 751 MiB with eager attention, fp32 or QLoRA (fp32 activations)."""
 
 
 def device_overhead(attention: str, precision: str, peft: str) -> int:
     """DEVICE_OVERHEAD, plus the flash-attention kernels where SDPA runs on half-precision q, k, v."""
-    flash = attention == "sdpa" and precision != "fp32" and peft != "qlora"
-    return DEVICE_OVERHEAD + (FLASH_KERNELS if flash else 0)
+    return CATALOG["H200"].overhead(attention, precision, peft)
 
 
 LOGITS_BACKWARD_BYTES = 8.4

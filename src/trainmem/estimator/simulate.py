@@ -21,6 +21,7 @@ load and layers, 8-bit AdamW). Autocast (`amp-*`), which meta tensors do not tak
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any, Callable, Iterator
 
 import torch
@@ -75,14 +76,17 @@ def _dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bo
 _MATH_SDPA = torch.nn.functional.scaled_dot_product_attention
 
 
-def _flash_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+def _fused_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, flash: bool = True,
+                **kwargs: Any) -> torch.Tensor:
+    """CUDA's choice among its SDPA kernels, with their memory: flash for half precision on sm80+; the
+    memory-efficient kernel for fp32 and, on cards without flash (sm70, sm75), every dtype. That kernel
+    takes no grouped KV heads, so those setups fall back to the math path (its attention matrix is saved)."""
     # under autocast SDPA runs in the lower precision (autocast_mode.h lists it): cast before choosing
     region = autocast.active()
     if region is not None:
         query, key, value = (region.cast(t, region.dtype) for t in (query, key, value))
-    # CUDA's fused kernels: flash for half precision; memory-efficient for fp32, which does not take
-    # grouped KV heads, so fp32 with GQA falls back to the math path (its attention matrix is saved)
-    if query.dtype == torch.float32 and kwargs.get("enable_gqa") and key.shape[-3] != query.shape[-3]:
+    gqa = kwargs.get("enable_gqa") and key.shape[-3] != query.shape[-3]
+    if gqa and (query.dtype == torch.float32 or not flash):
         return _MATH_SDPA(query, key, value, *args, **kwargs)
     # a boolean mask (sliding windows, padding) rules flash out: the memory-efficient kernel takes it as an
     # additive bias in q's dtype, converted per call and saved for backward
@@ -92,7 +96,7 @@ def _flash_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *ar
 
 
 @contextlib.contextmanager
-def cuda_choices(attention: str) -> Iterator[None]:
+def cuda_choices(attention: str, flash: bool = True) -> Iterator[None]:
     """Patch what the meta device would do differently from CUDA, for the duration of a simulation."""
     import transformers.masking_utils as masking
 
@@ -100,7 +104,7 @@ def cuda_choices(attention: str) -> Iterator[None]:
     saved = (F.scaled_dot_product_attention, F.dropout, masking.find_packed_sequence_indices)
     try:
         if attention == "sdpa":
-            F.scaled_dot_product_attention = _flash_sdpa
+            F.scaled_dot_product_attention = functools.partial(_fused_sdpa, flash=flash)
         F.dropout = _dropout
         # packed-sequence detection reads position ids on the host, which meta tensors cannot do
         masking.find_packed_sequence_indices = lambda *a, **k: None
@@ -123,8 +127,9 @@ class CudaKernels:
     - each cuBLAS handle's workspace (`runtime.CUBLAS_WORKSPACE` / `CUBLAS_HANDLES`), held from the
       handle's first matrix product on: the forward thread's and autograd's backward thread's."""
 
-    def __init__(self, ledger: TensorLedger):
+    def __init__(self, ledger: TensorLedger, workspace: int = runtime.CUBLAS_WORKSPACE // runtime.CUBLAS_HANDLES):
         self.ledger = ledger
+        self.workspace = workspace
         self.handles: set[str] = set()
 
     def __call__(self, func: Any, args: tuple, out: Any) -> list[int]:
@@ -132,7 +137,7 @@ class CudaKernels:
             thread = "backward" if self.ledger.phase.endswith("backward") else "forward"
             if thread not in self.handles:
                 self.handles.add(thread)
-                self.ledger.hold(runtime.CUBLAS_WORKSPACE // runtime.CUBLAS_HANDLES)
+                self.ledger.hold(self.workspace)
         if func is torch.ops.aten._softmax_backward_data.default and out.dim() == 4 and out.dtype == torch.float32:
             return [out.untyped_storage().nbytes()]
         if func is torch.ops.aten.embedding_dense_backward.default:
@@ -143,11 +148,13 @@ class CudaKernels:
 
 
 def simulate_step(build: Callable[[TensorLedger], Any], setup: TrainSetup,
-                  precision: str | None = None) -> tuple[TensorLedger, StateBytes]:
+                  precision: str | None = None,
+                  workspace: int = runtime.CUBLAS_WORKSPACE // runtime.CUBLAS_HANDLES,
+                  flash: bool = True) -> tuple[TensorLedger, StateBytes]:
     """Build the model with `build` (on the meta device, given the ledger for what no operator shows),
     then two optimizer steps (states appear in the first) of the setup's accumulation, all under one
     recording ledger. Under `amp-*` each forward (loss included, as `train.train` does) runs in an
-    autocast region."""
+    autocast region. `workspace`: bytes per cuBLAS handle; `flash`: the card has the flash kernel."""
     from ..build import AUTOCAST_DTYPES, build_optimizer
 
     amp = AUTOCAST_DTYPES.get(precision or setup.precision)
@@ -159,7 +166,7 @@ def simulate_step(build: Callable[[TensorLedger], Any], setup: TrainSetup,
         return state_bytes(model, optimizer) if model is not None else StateBytes(0, 0, 0)
 
     ledger = TensorLedger(states).record()  # events for the allocator replay
-    ledger.kernels = CudaKernels(ledger)
+    ledger.kernels = CudaKernels(ledger, workspace)
     ledger.set_phase("build")
     with ledger:
         model = build(ledger)
@@ -183,7 +190,7 @@ def simulate_step(build: Callable[[TensorLedger], Any], setup: TrainSetup,
     batch = {"input_ids": ids, "labels": ids}
     tokens = setup.grad_accum * setup.batch_size * (setup.seq_len - 1)
     final = StateBytes(0, 0, 0)
-    with cuda_choices(setup.attention), ledger:
+    with cuda_choices(setup.attention, flash), ledger:
         for step in (1, 2):
             for k in range(1, setup.grad_accum + 1):
                 ledger.set_phase(f"step{step}.micro{k}.forward")

@@ -38,10 +38,11 @@ def write_report(source: str | Path, out: str | Path, gpu: str | None = None) ->
     written = {"csv": out / "report.csv", "md": out / "report.md"}
     tables.write_csv(comparison, written["csv"])
     pngs = plots.write_all(rows, out, gpu)
-    written["md"].write_text(tables.markdown(comparison, source, pngs), encoding="utf-8")
+    chapter = tables.chapter(rows)
+    written["md"].write_text(tables.markdown(comparison, source, pngs, chapter), encoding="utf-8")
     written.update(pngs)
     written["html"] = out / "report.html"
-    written["html"].write_text(html.page(comparison, source, pngs), encoding="utf-8")
+    written["html"].write_text(html.page(comparison, source, pngs, chapter), encoding="utf-8")
     return written
 
 

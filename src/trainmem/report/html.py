@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .plots import MISSING
-from .tables import display_rows
+from .tables import CHAPTER_INTRO, chapter_display, display_rows
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:75em}
 table{border-collapse:collapse;font-size:.9em}td,th{border:1px solid #ccc;padding:.25em .5em}
@@ -20,16 +20,17 @@ DECODED = ("<script>addEventListener('load',()=>{document.body.dataset.decodedPl
 NUMERIC = {"measured GiB", "estimated GiB", "error", "tokens/s"}
 
 
-def table(comparison: list[dict[str, Any]]) -> str:
-    head, body = display_rows(comparison)
+def table(comparison: list[dict[str, Any]], cells_of: Any = display_rows, id_: str = "comparison-table") -> str:
+    head, body = cells_of(comparison)
     cls = ["num" if h in NUMERIC else "" for h in head]
     rows = ["<tr>" + "".join(f'<td class="{c}">{escape(v)}</td>' for c, v in zip(cls, cells)) + "</tr>"
             for cells in body]
-    return ('<table id="comparison-table"><thead><tr>' + "".join(f"<th>{escape(h)}</th>" for h in head)
+    return (f'<table id="{id_}"><thead><tr>' + "".join(f"<th>{escape(h)}</th>" for h in head)
             + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
 
 
-def page(comparison: list[dict[str, Any]], source: str | Path, pngs: dict[str, Path]) -> str:
+def page(comparison: list[dict[str, Any]], source: str | Path, pngs: dict[str, Path],
+         chapter_lines: list[dict[str, Any]] | None = None) -> str:
     title = f"trainmem report: {Path(source).name}"
     images = "".join(f'<figure id="plot-{escape(name)}"><img alt="{escape(name)}" src="data:image/png;base64,'
                      f'{base64.b64encode(path.read_bytes()).decode()}"></figure>' for name, path in pngs.items())
@@ -38,5 +39,7 @@ def page(comparison: list[dict[str, Any]], source: str | Path, pngs: dict[str, P
             f'<section id="summary"><p>{len(comparison)} setups. <em>error</em> is the estimate\'s peak_allocated '
             "against the measured one (positive: the estimate is higher).</p></section>"
             f'<section id="comparison"><h2>Estimate and measurement</h2>{table(comparison)}</section>'
-            f'<section id="plots"><h2>Plots</h2>{images or "<p>" + escape(MISSING) + "</p>"}</section>'
+            + (f'<section id="chapter"><h2>The chapter\'s published figures</h2><p>{escape(CHAPTER_INTRO)}</p>'
+               f'{table(chapter_lines, chapter_display, "chapter-table")}</section>' if chapter_lines else "")
+            + f'<section id="plots"><h2>Plots</h2>{images or "<p>" + escape(MISSING) + "</p>"}</section>'
             f"{DECODED}</body></html>\n")

@@ -1,6 +1,8 @@
 """PNG plots of result rows with matplotlib's object API (no pyplot: no global state, no display).
 
-- `breakdown.png`: the five parts at the peak, stacked, per setup and kind, with each card's capacity;
+- `breakdown.png`: the five parts at the peak, stacked, then the allocator's cache (reserved - allocated) and
+  the memory outside the allocator (context, kernels): the bar's top is what the verdict judges against
+  each card's capacity;
 - `batch.png`: peak_allocated against the micro-batch, a line per method and otherwise-equal setup;
 - `throughput.png`: peak_allocated against tokens/s for the measured rows.
 """
@@ -33,6 +35,19 @@ def _kind(row: dict[str, Any]) -> str:
     return "measured" if row["kind"] == "measurement" else f"estimate ({row.get('method')})"
 
 
+def _cache(row: dict[str, Any]) -> float:
+    m = row["memory"]
+    return max(0, (m.get("peak_reserved") or 0) - m["peak_allocated"]) / GiB
+
+
+def _outside(row: dict[str, Any]) -> float:
+    """device_used - peak_reserved on CUDA (a CPU run's device_used is its RSS: nothing to add)."""
+    m = row["memory"]
+    if row["setup"].get("device") != "cuda" or not m.get("device_used") or not m.get("peak_reserved"):
+        return 0.0
+    return max(0, m["device_used"] - m["peak_reserved"]) / GiB
+
+
 def breakdown(rows: list[dict[str, Any]], path: Path, gpu: str | None = None) -> Path:
     """Stacked parts per setup; lines at the capacity of `gpu` and of every card the setups name."""
     shown = [r for r in rows if r["status"] in ("ok", "skipped") and r["memory"]["peak_allocated"]]
@@ -45,6 +60,12 @@ def breakdown(rows: list[dict[str, Any]], path: Path, gpu: str | None = None) ->
         height = [r["memory"][part] / GiB for r in shown]
         ax.bar(x, height, bottom=bottom, label=part)
         bottom = [b + h for b, h in zip(bottom, height)]
+    # an OOM is reserved + what lies outside the allocator against the capacity, so the bars show those too
+    for name, height in (("allocator cache (reserved - allocated)", [_cache(r) for r in shown]),
+                         ("outside the allocator (context, kernels)", [_outside(r) for r in shown])):
+        ax.bar(x, height, bottom=bottom, label=name, color="lightgray" if "cache" in name else "dimgray",
+               hatch="//" if "cache" in name else None)
+        bottom = [b + h for b, h in zip(bottom, height)]
     cards = {c for c in [gpu, *(r["setup"].get("gpu") for r in shown)] if c and find_gpu(c)}
     for name in sorted(cards):
         card = find_gpu(name)
@@ -54,8 +75,8 @@ def breakdown(rows: list[dict[str, Any]], path: Path, gpu: str | None = None) ->
     ax.set_xticks(list(x), [f"{label(r)}\n{'M' if r['kind'] == 'measurement' else 'E'}" for r in shown],
                   rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("GiB at the peak")
-    ax.set_title("Memory at the peak (M = measured, E = estimated)")
-    ax.legend(fontsize=8)
+    ax.set_title("Memory at the peak; the top of a bar is what fits or not (M = measured, E = estimated)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.savefig(path)
     return path
 

@@ -1,0 +1,166 @@
+"""The card records (runtime figures and their sources), card names as users write them, bf16 on cards
+without it, and the three-valued verdict."""
+
+import pytest
+
+from trainmem import SetupError, TrainSetup, find_gpu
+from trainmem.estimator.breakdown import Breakdown
+from trainmem.gpus import CATALOG, gpu_problem
+
+MiB, GiB = 2**20, 2**30
+
+
+def test_cublas_workspace_follows_pytorchs_default_per_architecture():
+    # CublasHandlePool.cpp: 4096 * 8 * 1024 on sm90, else 4096 * 1024 * 2 + 16 * 1024 * 8
+    assert CATALOG["H200"].cublas_workspace == CATALOG["H100-80GB"].cublas_workspace == 33_554_432
+    for name in ("T4", "V100-16GB", "A100-80GB", "L4", "RTX-4090", "RTX-5090"):
+        assert CATALOG[name].cublas_workspace == 8_519_680, name
+
+
+def test_bf16_and_sdpa_kernels_per_architecture():
+    t4, v100, a100, h200 = (CATALOG[n] for n in ("T4", "V100-32GB", "A100-40GB", "H200"))
+    assert (t4.sm, t4.architecture, t4.bf16, t4.flash) == ((7, 5), "Turing", False, False)
+    assert (v100.sm, v100.bf16, v100.flash) == ((7, 0), False, False)
+    assert [t4.sdpa_kernel(d) for d in ("fp16", "bf16", "fp32")] == ["efficient", "none", "efficient"]
+    assert [a100.sdpa_kernel(d) for d in ("fp16", "bf16", "fp32")] == ["flash", "flash", "efficient"]
+    assert h200.bf16 and h200.flash and CATALOG["RTX-5090"].flash  # sm120 is inside flash's [sm80, sm121]
+
+
+def test_context_measured_on_the_h200_derived_elsewhere():
+    h200, t4 = CATALOG["H200"], CATALOG["T4"]
+    assert h200.measured and h200.context == 751 * MiB
+    # 527 MiB context - 132 SMs x 2048 threads x 1 KiB + 40 x 1024 x 1 KiB + 224 MiB lazily loaded kernels
+    assert not t4.measured and t4.context == 552_402_944 - 276_824_064 + 41_943_040 + 235_077_632 == 552_599_552
+    assert t4.usable == t4.capacity - t4.context
+    # the fused-attention kernels count where SDPA runs on half-precision activations
+    assert t4.overhead("sdpa", "fp16", "none") == t4.context + 16 * MiB
+    assert t4.overhead("eager", "fp16", "none") == t4.overhead("sdpa", "fp16", "qlora") == t4.context
+
+
+def test_every_figure_has_a_source():
+    for gpu in CATALOG.values():
+        sources = gpu.sources()
+        assert set(sources) == {"capacity", "context", "compute capability", "cuBLAS workspace", "SDPA kernels", "bf16"}
+        assert all(sources.values()), gpu.name
+        assert gpu.sms > 0 and gpu.capacity > gpu.context > 0
+    assert "github.com/TrajectoryCrafter" in CATALOG["RTX-5090"].source
+    assert "derived from the H200" in CATALOG["T4"].sources()["context"]
+
+
+@pytest.mark.parametrize("name,card", [
+    ("4090", "RTX-4090"), ("rtx4090", "RTX-4090"), ("RTX-4090", "RTX-4090"), ("NVIDIA GeForce RTX 4090", "RTX-4090"),
+    ("h100", "H100-80GB"), ("l4", "L4"), ("Tesla T4", "T4"), ("t4", "T4"), ("A100_80GB", "A100-80GB"),
+    ("NVIDIA A100-SXM4-40GB", "A100-40GB"), ("3060", "RTX-3060-12GB"), ("rtx a6000", "A6000"), ("l40s", "L40S"),
+    ("5090", "RTX-5090"), ("a4000", "A4000"), ("NVIDIA H200", "H200"),
+])
+def test_cards_as_users_name_them(name, card):
+    assert find_gpu(name) is CATALOG[card]
+    assert gpu_problem(name) is None
+
+
+def test_ambiguous_and_unknown_names():
+    assert find_gpu("a100") is None
+    assert gpu_problem("A100") == "--gpu: 'A100' comes with different memory sizes: pass A100-40GB or A100-80GB"
+    assert "V100-16GB or V100-32GB" in gpu_problem("v100")
+    unknown = gpu_problem("T5")
+    assert unknown.startswith("--gpu: unknown card 'T5'; known: T4, V100-16GB") and "RTX-5090" in unknown
+
+
+def test_bf16_on_a_card_without_it_is_a_setup_problem_reported_with_the_others():
+    with pytest.raises(SetupError) as e:
+        TrainSetup(precision="bf16", gpu="T4", batch_size=0).validate()
+    assert e.value.problems == [
+        "--batch-size: must be a whole number >= 1, got 0",
+        "--precision bf16: the T4 (sm75, Turing) has no native bf16; use --precision amp-fp16 (fp32 weights, "
+        "fp16 autocast with a gradient scaler)"]
+    assert "the V100-16GB (sm70, Volta)" in TrainSetup(precision="amp-bf16", gpu="v100-16gb").problems()[0]
+    assert TrainSetup(precision="fp16", gpu="T4").problems() == []
+    assert TrainSetup(precision="amp-fp16", gpu="T4").problems() == []
+    assert TrainSetup(precision="bf16", gpu="A100-40GB").problems() == []
+
+
+def test_auto_precision_of_a_bf16_checkpoint_on_a_t4_is_refused():
+    from trainmem import ModelSpec
+
+    spec = ModelSpec.resolve("llama-3.2-1b")
+    problems = TrainSetup(gpu="T4").problems(spec)
+    assert problems == ["--precision auto (the llama-3.2-1b checkpoint is bf16): the T4 (sm75, Turing) has no native "
+                        "bf16; use --precision amp-fp16 (fp32 weights, fp16 autocast with a gradient scaler)"]
+    assert TrainSetup(gpu="T4", device="cpu").problems(spec) == []  # fp32 on the CPU
+
+
+def _breakdown(reserved: int, terms: dict | None = None) -> Breakdown:
+    memory = {"weights": 1, "gradients": 0, "optimizer": 0, "activations": 5, "other": 0, "peak_allocated": 6,
+              "peak_reserved": reserved, "device_used": 0}
+    setup = {**TrainSetup(precision="fp16").to_dict(), "device": "cuda"}
+    return Breakdown("simulate", memory, {}, "forward/backward", setup, {}, 0, terms or {})
+
+
+def test_three_valued_verdict():
+    t4 = CATALOG["T4"]
+    overhead = t4.context + 16 * MiB
+    budget = int(t4.capacity * 0.98)
+    edge = budget - overhead  # reserved that leaves exactly the margin
+    v = _breakdown(edge).verdict("T4")
+    assert (v["level"], v["fits"], v["headroom"]) == ("fits", True, 0)
+    v = _breakdown(edge + 1).verdict("T4")
+    assert (v["level"], v["fits"], v["headroom"]) == ("tight", False, -1)
+    assert _breakdown(t4.capacity - overhead).verdict("T4")["level"] == "tight"
+    v = _breakdown(t4.capacity - overhead + 1).verdict("T4")
+    assert (v["level"], v["fits"], v["cut_first"], v["need"]) == ("no", False, "activations", t4.capacity + 1)
+
+
+def test_the_verdict_says_where_the_methods_disagree():
+    t4 = CATALOG["T4"]
+    overhead = t4.context + 16 * MiB
+    b = _breakdown(t4.capacity - overhead, {"analytic_reserved": 10 * GiB})
+    v = b.verdict("T4")
+    assert v["methods"] == {"simulate": "tight", "analytic": "fits"} and v["disagree"] is True
+    assert b.disagreement("T4").startswith("the methods disagree on the T4: simulate says tight")
+    assert b.disagreement("T4") in b.to_result("T4").notes
+    agree = _breakdown(10 * GiB, {"analytic_reserved": 10 * GiB})
+    assert agree.verdict("T4")["disagree"] is False and agree.disagreement("T4") is None
+
+
+def test_the_verdict_line_says_the_level():
+    from trainmem.render import verdict_line
+
+    t4 = CATALOG["T4"]
+    tight = _breakdown(t4.capacity - t4.context - 16 * MiB).verdict("T4")
+    line = verdict_line(tight)
+    assert line.startswith("T4: [yellow]tight[/yellow] (fits the capacity, with less than the margin free), headroom -")
+    assert tight["runtime"] == "H200" and "modelled on the H200: pass --gpu T4" in line  # no gpu in its setup
+    on_t4 = Breakdown("analytic", _breakdown(0).memory, {}, "optimizer step",
+                      {**TrainSetup(precision="fp16", gpu="T4").to_dict(), "device": "cuda"}, {}, 0)
+    assert on_t4.verdict("t4")["runtime"] == "T4" and "modelled" not in verdict_line(on_t4.verdict("T4"))
+    old = {"gpu": "T4", "fits": False, "headroom": -GiB, "margin": 0.02, "advice": "x"}  # a row from before levels
+    assert verdict_line(old).startswith("T4: [red]does not fit[/red], headroom -1.000 GiB")
+
+
+def test_the_chapters_t4_rows():
+    """The book's outcomes on its T4: everything but batch 16 fits (or is tight, with the reason), batch 16
+    does not, by both methods (simulate carries the analytic reserved bytes along)."""
+    from trainmem.chapter import MODEL, RUNS
+    from trainmem.estimator import estimate
+
+    levels, notes = {}, {}
+    for run in RUNS:
+        b = estimate(MODEL, run.setup.replace(gpu="T4"), "simulate")
+        v = b.verdict("T4")
+        assert b.method == "simulate" and b.terms["cublas_workspace"] == 2 * 8_519_680
+        assert b.device_overhead == CATALOG["T4"].overhead("sdpa", "fp16", run.setup.peft)
+        levels[run.label] = (v["methods"]["simulate"], v["methods"]["analytic"])
+        # the analytic level the verdict carries is `--method analytic`'s own
+        a = estimate(MODEL, run.setup.replace(gpu="T4"), "analytic")
+        assert a.memory["peak_reserved"] == b.terms["analytic_reserved"]
+        assert a.verdict("T4")["level"] == v["methods"]["analytic"]
+        notes[run.label] = b.to_result("T4").notes
+    assert levels == {
+        "batch 4": ("fits", "fits"), "batch 8": ("fits", "fits"), "batch 16": ("no", "no"),
+        "batch 4, accumulation 4": ("fits", "fits"),
+        # simulate's replay leaves 0.04 GiB less than the 2% margin free; analytic's median ratio does not
+        "batch 16, checkpointing": ("tight", "fits"),
+        "batch 16, LoRA": ("fits", "fits"), "batch 16, QLoRA": ("fits", "fits")}
+    said = [n for n in notes["batch 16, checkpointing"] if n.startswith("the methods disagree on the T4")]
+    assert said and "simulate says tight" in said[0] and "analytic says fits" in said[0]
+    assert not any(n.startswith("the methods disagree") for n in notes["batch 8"])
