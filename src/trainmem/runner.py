@@ -99,7 +99,9 @@ def measure(spec: ModelSpec, setup: TrainSetup, device: str, precision: str, bat
     FSDP's storage resizes, and its rank's environment)."""
     import torch
 
+    from . import emulation
     from .build import build_model, build_optimizer, trainable_parameters
+    from .gpus import find_gpu
     from .measure import CudaReader, LedgerReader, StateBytes, TensorLedger, requested_bytes, state_bytes
     from .train import Probe, TrainLog, train
 
@@ -113,6 +115,9 @@ def measure(spec: ModelSpec, setup: TrainSetup, device: str, precision: str, bat
         return state_bytes(held["model"], held["optimizer"])
 
     ledger = TensorLedger(live_state, cap=cap if device == "cpu" else None)
+    # with CUDA, --gpu CARD runs that card's program (workspaces, SDPA kernels), not only its capacity
+    card = find_gpu(setup.gpu) if device == "cuda" and setup.gpu else None
+    emulated = emulation.prepare(card) if card is not None else None
     reader = CudaReader(dev) if device == "cuda" else LedgerReader(ledger)
     if device == "cuda" and cap is not None:
         reader.cap(cap)
@@ -134,7 +139,8 @@ def measure(spec: ModelSpec, setup: TrainSetup, device: str, precision: str, bat
                                 attention=getattr(base.config, "_attn_implementation", None))
             held["optimizer"] = optimizer = build_optimizer(model, setup)
             ledger.adopt([p for p in model.parameters()] + list(model.buffers()))
-            train(model, optimizer, batches, setup, dev, probe, log, precision)
+            with emulation.kernels(card) if card is not None else contextlib.nullcontext():
+                train(model, optimizer, batches, setup, dev, probe, log, precision)
     except torch.OutOfMemoryError as e:
         probe.close()
         result.status = "oom"
@@ -152,6 +158,8 @@ def measure(spec: ModelSpec, setup: TrainSetup, device: str, precision: str, bat
     result.throughput = log.throughput()
     result.memory = memory_at_peak(probe, ledger, device)
     result.peak_phase = ledger.peak_phase
+    if emulated is not None:
+        result.env["emulated"] = emulated
     if setup.lr_note():
         result.notes.append(setup.lr_note())
     if result.status == "ok" and setup.steps <= 2:

@@ -63,3 +63,14 @@ def test_8bit_optimizers_on_cuda(opt):
 def test_memory_cap_gives_oom_on_cuda():
     r = measure(memory_cap=8 * 2**20)
     assert r.status == "oom" and r.oom["phase"]
+
+
+def test_gpu_flag_emulates_the_cards_workspace_and_kernels():
+    # a T4's program on a bigger card: 8 MiB + 128 KiB cuBLAS workspaces, no flash kernel (run isolated,
+    # so the workspace setting comes before the process's first cuBLAS handle)
+    import trainmem
+
+    r = trainmem.run(SPEC, TrainSetup(batch_size=4, seq_len=128, steps=3, num_samples=16, device="cuda",
+                                      precision="fp16", gpu="T4"))
+    assert r.status == "ok", r.error
+    assert r.env["emulated"]["card"] == "T4" and r.env["emulated"]["cublas_workspace_config"] == ":4096:2:16:8"
