@@ -74,8 +74,8 @@ def _convert(kind: str, text: Any) -> Any:
 
 def add_setup_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
-                   help=f"preset ({', '.join(PRESETS)}), config.json, local model folder, or cached hub id "
-                        "(default: EleutherAI/polyglot-ko-1.3b on a GPU, tiny-gpt-neox on the CPU)")
+                   help=f"preset ({', '.join(PRESETS)}), config.json, local model folder, or hub id org/name[@rev] "
+                        "(its config.json is fetched, never weights; default: EleutherAI/polyglot-ko-1.3b on a GPU, tiny-gpt-neox on the CPU)")
     p.add_argument("--config", default=None, metavar="FILE.yaml", help="setup fields from a YAML file")
     p.add_argument("--training-args", default=None, metavar="FILE.json",
                    help="TrainingArguments fields as JSON (args.to_json_string()): batch, accumulation, "
