@@ -288,6 +288,24 @@ class ModelSpec:
         return sum(p.numel() for p in model.parameters())
 
     @property
+    def model_class(self) -> type | None:
+        """The transformers class `AutoModelForCausalLM` builds for this config (None if it knows none)."""
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+        try:
+            return MODEL_FOR_CAUSAL_LM_MAPPING[type(self.hf_config())]
+        except KeyError:
+            return None
+
+    @property
+    def attentions(self) -> tuple[str, ...]:
+        """The attention kernels (of `sdpa`, `eager`) the installed transformers lets this model use, its
+        default first: sdpa where the class declares `_supports_sdpa` (transformers then takes it without
+        being asked), else eager. Transformers never picks flash_attention_2 unless asked, so neither do we."""
+        cls = self.model_class
+        return ("eager",) if cls is not None and not cls._supports_sdpa else ("sdpa", "eager")
+
+    @property
     def max_positions(self) -> int | None:
         cfg = self.hf_config()
         return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
