@@ -218,3 +218,21 @@ def test_explicit_sdpa_on_a_model_that_refuses_it_is_a_setup_error_in_the_cli(tm
     row = json.loads(subprocess.run(cli + ["--json"], capture_output=True, text=True, check=True).stdout)
     assert row["setup"]["attention"] == "eager"
 
+
+def test_estimate_says_which_versions_its_kernel_model_was_validated_on(monkeypatch):
+    import torch
+    import transformers
+
+    from trainmem.estimator import runtime
+
+    b = estimate("tiny-llama", TrainSetup(batch_size=2, seq_len=32), "analytic")
+    assert b.env == {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "validated_on": {"torch": "2.11", "transformers": "5.17"}} == b.to_result().env
+    assert runtime.version_note({"torch": "2.11.0+cu130", "transformers": "5.17.0"}) is None
+    assert runtime.version_note({"torch": "2.13.0+cpu", "transformers": "5.17.0"}).startswith(
+        "installed torch 2.13.0+cpu: the kernel memory model was validated on torch 2.11 + transformers 5.17 (H200")
+    monkeypatch.setattr(runtime, "versions", lambda: {"torch": "2.11.0", "transformers": "5.24.0"})
+    assert estimate("tiny-llama", TrainSetup(batch_size=2, seq_len=32), "analytic").notes[-1].startswith(
+        "installed transformers 5.24.0: the kernel memory model was validated on")
+    monkeypatch.setattr(runtime, "versions", lambda: {"torch": "2.11.0", "transformers": "5.17.2"})
+    assert not any("validated on" in n for n in estimate("tiny-llama", TrainSetup(batch_size=2, seq_len=32)).notes)

@@ -88,8 +88,12 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
     paged = model_states["optimizer"] if setup.optimizer == "paged-adamw-8bit" else 0
     overhead = runtime.device_overhead(setup.attention, precision, setup.peft)
     memory["device_used"] = memory["peak_reserved"] + overhead + paged
+    installed = runtime.versions()
+    if runtime.version_note(installed):
+        notes.append(runtime.version_note(installed))
+    env = {**installed, "validated_on": dict(runtime.VALIDATED_ON)}
     return Breakdown(method, memory, model_states, phase, resolved.to_dict(), model, overhead,
-                     terms, tuple(notes))
+                     terms, tuple(notes), env)
 
 
 def _analytic(inv: states.Inventory, setup: TrainSetup, precision: str, ms: dict[str, int],
