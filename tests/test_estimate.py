@@ -184,13 +184,15 @@ def test_auto_attention_is_what_transformers_picks():
 
 
 def test_auto_attention_on_a_model_that_refuses_sdpa_estimates_eager():
+    from transformers import __version__ as version
+
     spec = ModelSpec("tiny-granite-swa", TINY_NO_SDPA, "config")
     setup = TrainSetup(batch_size=2, seq_len=64, precision="bf16")
     for method in ("analytic", "simulate"):
         auto = estimate(spec, setup, method).to_result(None, 0.02)
         eager = estimate(spec, setup.replace(attention="eager"), method).to_result(None, 0.02)
         assert auto.setup["attention"] == "eager" and auto.memory == eager.memory
-        assert "--attention auto: eager, since GraniteSWAForCausalLM does not support SDPA" in " ".join(auto.notes)
+        assert f"eager attention: GraniteSWAForCausalLM does not support SDPA in transformers {version}" in auto.notes
     with pytest.raises(SetupError) as e:
         estimate(spec, setup.replace(attention="sdpa"))
     assert str(e.value).startswith("- --attention: tiny-granite-swa (GraniteSWAForCausalLM) does not support sdpa "
@@ -216,7 +218,7 @@ def test_explicit_sdpa_on_a_model_that_refuses_it_is_a_setup_error_in_the_cli(tm
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "(GraniteSWAForCausalLM) does not support sdpa" in " ".join(p.stderr.split())
     row = json.loads(subprocess.run(cli + ["--json"], capture_output=True, text=True, check=True).stdout)
-    assert row["setup"]["attention"] == "eager"
+    assert row["setup"]["attention"] == "eager" and any(n.startswith("eager attention: GraniteSWA") for n in row["notes"])
 
 
 def test_estimate_says_which_versions_its_kernel_model_was_validated_on(monkeypatch):

@@ -33,15 +33,16 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
     from ..errors import SetupError
 
     spec = ModelSpec.resolve(spec) if isinstance(spec, str) else spec
-    asked = (setup or TrainSetup()).attention
     setup = (setup or TrainSetup()).validate(spec)
     if method not in METHODS:
         raise SetupError([f"--method: {method!r} is not one of {', '.join(METHODS)}"])
     precision = setup.resolved_precision(spec, "cuda")
     notes: list[str] = []
-    if asked == "auto" and setup.attention == "eager":
-        notes.append(f"--attention auto: eager, since {getattr(spec.model_class, '__name__', spec.name)} does not "
-                     "support SDPA in the installed transformers")
+    if "sdpa" not in spec.attentions:  # auto became eager (explicit sdpa is refused by validate)
+        from transformers import __version__
+
+        notes.append(f"eager attention: {getattr(spec.model_class, '__name__', spec.name)} does not support SDPA "
+                     f"in transformers {__version__}")
     if setup.gpus > 1 or setup.shard != "none":
         if method == "simulate":
             notes.append("sharding across GPUs is modelled by the analytic method only: used it instead")
