@@ -61,3 +61,24 @@ def test_default_run_on_the_cpu_says_what_it_ran_and_estimates_the_seed():
     text = " ".join(p.stdout.split())
     assert "ran the tiny preset tiny-gpt-neox on the CPU" in text
     assert "the seed's run (polyglot-ko-1.3b, batch 4 x 256, fp16, AdamW) on a T4" in text and "fits" in text
+
+
+def test_estimate_a_hub_model_fetches_its_config_then_works_offline(fake_hub, tmp_path):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+    env.update(HF_ENDPOINT=fake_hub.url, HF_HOME=str(tmp_path / "hf-home"))
+    cmd = CLI + ["estimate", "--model", "acme/tiny-llama", "--method", "analytic", "--json"]
+    first = json.loads(subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout)
+    assert first["model"]["name"] == "acme/tiny-llama" and first["model"]["source"] == "hub"
+    assert first["model"]["parameters"] == 223_552
+    # files asked for: config.json only, never weights (huggingface_hub may also GET its own /api/ registries)
+    assert {p.rsplit("/", 1)[1] for _, p, _ in fake_hub.requests if "resolve" in p} == {"config.json"}
+    fake_hub.stop()
+    offline = subprocess.run(cmd, env={**env, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, check=True)
+    assert json.loads(offline.stdout)["memory"] == first["memory"]
+    gated = subprocess.run(CLI + ["estimate", "--model", "acme/gated-llama"], env={**env, "HF_HUB_OFFLINE": "1"},
+                           capture_output=True, text=True)
+    assert gated.returncode == 2 and "Traceback" not in gated.stderr
+    assert ("--model: 'acme/gated-llama' is not in the local Hugging Face cache and HF_HUB_OFFLINE is set"
+            in " ".join(gated.stderr.split()))

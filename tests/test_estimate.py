@@ -166,3 +166,76 @@ def test_sharded_estimates_shrink_with_more_gpus_and_zero_runs_are_refused():
         estimate(spec, TrainSetup(gpus=4, shard="zero2", offload="params"))
     with pytest.raises(SetupError, match="DeepSpeed is not installed"):
         execute(ModelSpec.resolve("tiny-llama"), TrainSetup(gpus=2, shard="zero2", **TINY))
+
+
+# --- attention as transformers picks it ------------------------------------------------------------
+# GraniteSWA is a causal LM whose transformers class declares `_supports_sdpa = False` (so is Gemma-2 from
+# transformers 5.24 on): transformers builds it with eager attention unless asked, and refuses sdpa.
+TINY_NO_SDPA = dict(model_type="granite_swa", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, intermediate_size=176, vocab_size=1024, max_position_embeddings=512,
+                    bos_token_id=0, eos_token_id=1, tie_word_embeddings=False, dtype="bfloat16")
+
+
+def test_auto_attention_is_what_transformers_picks():
+    llama, granite = ModelSpec.resolve("tiny-llama"), ModelSpec("tiny-granite-swa", TINY_NO_SDPA, "config")
+    assert llama.attentions == ("sdpa", "eager") and granite.attentions == ("eager",)
+    assert granite.model_class.__name__ == "GraniteSWAForCausalLM" and not granite.model_class._supports_sdpa
+    assert TrainSetup().attention == "auto" and TrainSetup().validate(llama).attention == "sdpa"
+    assert TrainSetup().validate(granite).attention == "eager"
+
+
+def test_auto_attention_on_a_model_that_refuses_sdpa_estimates_eager():
+    from transformers import __version__ as version
+
+    spec = ModelSpec("tiny-granite-swa", TINY_NO_SDPA, "config")
+    setup = TrainSetup(batch_size=2, seq_len=64, precision="bf16")
+    for method in ("analytic", "simulate"):
+        auto = estimate(spec, setup, method).to_result(None, 0.02)
+        eager = estimate(spec, setup.replace(attention="eager"), method).to_result(None, 0.02)
+        assert auto.setup["attention"] == "eager" and auto.memory == eager.memory
+        assert f"eager attention: GraniteSWAForCausalLM does not support SDPA in transformers {version}" in auto.notes
+    with pytest.raises(SetupError) as e:
+        estimate(spec, setup.replace(attention="sdpa"))
+    assert str(e.value).startswith("- --attention: tiny-granite-swa (GraniteSWAForCausalLM) does not support sdpa "
+                                   "in transformers ")
+    assert str(e.value).endswith("use --attention eager, or auto")
+
+
+def test_gemma2_estimates_with_auto_attention_in_every_transformers():
+    # transformers 5.24 dropped Gemma-2's SDPA (it cannot softcap); 5.17 has it: auto follows either
+    from transformers import Gemma2ForCausalLM
+
+    spec = ModelSpec("tiny-gemma2", {**TINY_NO_SDPA, "model_type": "gemma2", "head_dim": 16}, "config")
+    r = estimate(spec, TrainSetup(batch_size=2, seq_len=64, precision="bf16")).to_result()
+    assert r.setup["attention"] == ("sdpa" if Gemma2ForCausalLM._supports_sdpa else "eager")
+    assert r.memory["peak_allocated"] > r.model_states["weights"] > 0
+
+
+def test_explicit_sdpa_on_a_model_that_refuses_it_is_a_setup_error_in_the_cli(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY_NO_SDPA))
+    cli = [sys.executable, "-m", "trainmem.cli", "estimate", "--model", str(cfg), "--method", "analytic"]
+    p = subprocess.run(cli + ["--attention", "sdpa"], capture_output=True, text=True)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "(GraniteSWAForCausalLM) does not support sdpa" in " ".join(p.stderr.split())
+    row = json.loads(subprocess.run(cli + ["--json"], capture_output=True, text=True, check=True).stdout)
+    assert row["setup"]["attention"] == "eager" and any(n.startswith("eager attention: GraniteSWA") for n in row["notes"])
+
+
+def test_estimate_says_which_versions_its_kernel_model_was_validated_on(monkeypatch):
+    import torch
+    import transformers
+
+    from trainmem.estimator import runtime
+
+    b = estimate("tiny-llama", TrainSetup(batch_size=2, seq_len=32), "analytic")
+    assert b.env == {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "validated_on": {"torch": "2.11", "transformers": "5.17"}} == b.to_result().env
+    assert runtime.version_note({"torch": "2.11.0+cu130", "transformers": "5.17.0"}) is None
+    assert runtime.version_note({"torch": "2.13.0+cpu", "transformers": "5.17.0"}).startswith(
+        "installed torch 2.13.0+cpu: the kernel memory model was validated on torch 2.11 + transformers 5.17 (H200")
+    monkeypatch.setattr(runtime, "versions", lambda: {"torch": "2.11.0", "transformers": "5.24.0"})
+    assert estimate("tiny-llama", TrainSetup(batch_size=2, seq_len=32), "analytic").notes[-1].startswith(
+        "installed transformers 5.24.0: the kernel memory model was validated on")
+    monkeypatch.setattr(runtime, "versions", lambda: {"torch": "2.11.0", "transformers": "5.17.2"})
+    assert not any("validated on" in n for n in estimate("tiny-llama", TrainSetup(batch_size=2, seq_len=32)).notes)

@@ -58,11 +58,83 @@ def test_unknown_preset_lists_presets():
     assert "unknown preset 'polyglot-ko-99b'" in str(e.value) and "tiny-llama" in str(e.value)
 
 
-def test_unknown_hub_id_says_how_to_pass_a_local_model():
+def test_hub_id_offline_and_not_cached_says_what_to_pass(hub_at):
+    hub_at("http://127.0.0.1:9", offline=True)
     with pytest.raises(SetupError) as e:
         ModelSpec.resolve("someone/not-cached-model")
     msg = str(e.value)
-    assert "local Hugging Face cache" in msg and "save_pretrained" in msg and "config.json" in msg
+    assert msg.startswith("- --model: 'someone/not-cached-model' is not in the local Hugging Face cache")
+    assert "HF_HUB_OFFLINE is set" in msg and "save_pretrained" in msg and "config.json path" in msg
+
+
+# --- configs from the Hub (tests/conftest.py's FakeHub stands in for it) ------------------------------
+def test_hub_config_is_fetched_cached_and_read_offline(fake_hub, hub_at):
+    from conftest import TINY_LLAMA_CONFIG
+
+    hub_at(fake_hub.url)
+    spec = ModelSpec.resolve("acme/tiny-llama")
+    assert (spec.name, spec.source, spec.path, spec.has_weights) == ("acme/tiny-llama", "hub", None, False)
+    # embeddings and lm_head, 2 x (q, o 64x64; k, v 64x32 for 2 KV heads; MLP 3x64x176; 2 norms), final norm
+    layer = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 176 + 2 * 64
+    assert spec.config == TINY_LLAMA_CONFIG and spec.parameter_count == 2 * 1024 * 64 + 2 * layer + 64 == 223_552
+    # config.json only, never weights: a HEAD, its same-host redirect, then one GET of the file
+    assert [(m, p) for m, p, _ in fake_hub.requests] == [
+        ("HEAD", "/acme/tiny-llama/resolve/main/config.json"),
+        ("HEAD", f"/api/resolve-cache/models/acme/tiny-llama/{fake_hub.COMMIT}/config.json"),
+        ("GET", f"/api/resolve-cache/models/acme/tiny-llama/{fake_hub.COMMIT}/config.json")]
+    fake_hub.stop()
+    hub_at(fake_hub.url, offline=True)
+    again = ModelSpec.resolve("acme/tiny-llama")
+    assert (again.name, again.source, again.config) == ("acme/tiny-llama", "hub", TINY_LLAMA_CONFIG)
+
+
+def test_hub_revision(fake_hub, hub_at):
+    hub_at(fake_hub.url)
+    assert ModelSpec.resolve(f"acme/tiny-llama@{fake_hub.COMMIT}").name == f"acme/tiny-llama@{fake_hub.COMMIT}"
+    assert fake_hub.requests[0][1] == f"/acme/tiny-llama/resolve/{fake_hub.COMMIT}/config.json"
+    with pytest.raises(SetupError, match=r"--model: acme/tiny-llama has no revision 'v9'.*branch, tag or commit"):
+        ModelSpec.resolve("acme/tiny-llama@v9")
+
+
+def test_gated_hub_repo_needs_hf_token(fake_hub, hub_at, monkeypatch):
+    hub_at(fake_hub.url)
+    with pytest.raises(SetupError) as e:
+        ModelSpec.resolve("acme/gated-llama")
+    msg = str(e.value)
+    assert "--model: acme/gated-llama is gated on the Hub" in msg and "accept its licence" in msg
+    assert "set HF_TOKEN" in msg and "config.json path" in msg
+    assert fake_hub.requests[-1][2] is None
+    monkeypatch.setenv("HF_TOKEN", fake_hub.TOKEN)
+    spec = ModelSpec.resolve("acme/gated-llama")
+    assert spec.source == "hub" and spec.model_type == "llama"
+    assert fake_hub.requests[-1] == ("GET", f"/api/resolve-cache/models/acme/gated-llama/{fake_hub.COMMIT}/config.json",
+                                     f"Bearer {fake_hub.TOKEN}")
+
+
+def test_missing_hub_repo_and_missing_config(fake_hub, hub_at):
+    hub_at(fake_hub.url)
+    with pytest.raises(SetupError, match=r"--model: no repository 'acme/nothing' on the Hub \(http://127\.0\.0\.1"):
+        ModelSpec.resolve("acme/nothing")
+    with pytest.raises(SetupError, match=r"--model: acme/no-config has no config.json on the Hub.*transformers model"):
+        ModelSpec.resolve("acme/no-config")
+    with pytest.raises(SetupError, match=r"--model: 'a/b/c' is neither a local path nor a hub id"):
+        ModelSpec.resolve("a/b/c")
+
+
+def test_unreachable_hub_says_what_to_pass_instead(hub_at, monkeypatch):
+    import socket
+    import time
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    hub_at(f"http://127.0.0.1:{port}")
+    monkeypatch.setattr(time, "sleep", lambda s: None)  # huggingface_hub retries with back-off first
+    with pytest.raises(SetupError) as e:
+        ModelSpec.resolve("acme/tiny-llama")
+    msg = str(e.value)
+    assert f"the Hub (http://127.0.0.1:{port}) cannot be reached" in msg
+    assert "config.json path, a local folder made by save_pretrained, or a preset" in msg
 
 
 def test_config_json_and_local_dir(tmp_path, model_dir):

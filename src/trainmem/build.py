@@ -102,6 +102,8 @@ def build_model(spec: ModelSpec, setup: TrainSetup, device: str, precision: str)
     """The model, on `device`, in training mode, with checkpointing and adapters as the setup says."""
     from transformers import AutoModelForCausalLM
 
+    setup = setup.resolved(spec)  # callers that never validated with the spec (verify) may still say auto
+
     torch.manual_seed(setup.seed)
     dtype = WEIGHT_DTYPES[precision]
     if setup.peft == "qlora":

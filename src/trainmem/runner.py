@@ -64,6 +64,7 @@ def execute(spec: ModelSpec, setup: TrainSetup) -> Result:
     problems = setup.problems(spec) + environment_problems(setup, device, precision)
     if problems:
         raise SetupError(problems)
+    setup = setup.resolved(spec)
     if setup.gpus > 1 or setup.shard != "none":  # CPU ranks over gloo (environment_problems allows no other)
         from .distributed import execute_distributed
 
@@ -188,8 +189,7 @@ def run(spec: ModelSpec | str, setup: TrainSetup | None = None, isolate: bool = 
         timeout: float | None = None) -> Result:
     """Measure one setup. With `isolate` (default) it runs in a fresh process."""
     spec = ModelSpec.resolve(spec) if isinstance(spec, str) else spec
-    setup = setup or TrainSetup()
-    setup.validate(spec)
+    setup = (setup or TrainSetup()).validate(spec)
     if not isolate:
         return execute(spec, setup)
     with tempfile.TemporaryDirectory(prefix="trainmem-") as tmp:

@@ -17,7 +17,7 @@ from .gpus import find_gpu, gpu_problem
 PEFTS = ("none", "lora", "qlora")
 PRECISIONS = ("auto", "fp32", "fp16", "bf16", "amp-bf16", "amp-fp16")
 OPTIMIZERS = ("adamw", "adamw-fused", "adamw-8bit", "paged-adamw-8bit", "sgd", "adafactor")
-ATTENTIONS = ("sdpa", "eager")
+ATTENTIONS = ("auto", "sdpa", "eager")
 LABELS = ("random", "copy")
 DATA_MODES = ("pad", "pack")
 DEVICES = ("auto", "cuda", "cpu")
@@ -54,7 +54,9 @@ class TrainSetup:
     lr_batch: int | None = None
     """The effective batch `lr` was tuned for. When it differs from this setup's effective batch the run
     says so and suggests the linearly scaled rate, instead of silently reusing `lr`."""
-    attention: str = "sdpa"
+    attention: str = "auto"
+    """`auto` (what transformers picks for the model: sdpa where its class supports it, else eager),
+    `sdpa` or `eager`. `validate(spec)` makes `auto` the kernel it stands for, recorded in results."""
     steps: int = 3
     """Optimizer steps. Adam states exist only after step 1, so step 2 is the first steady one."""
     labels: str = "random"
@@ -231,17 +233,28 @@ class TrainSetup:
             if spec.model_type not in defaults:
                 out.append(f"--lora-targets: peft has no default LoRA targets for {spec.model_type} models; "
                            "pass --lora-targets all-linear or the names of the Linear layers to adapt")
+        if self.attention in ATTENTIONS[1:] and self.attention not in spec.attentions:
+            from transformers import __version__
+
+            cls = getattr(spec.model_class, "__name__", spec.model_type)
+            out.append(f"--attention: {spec.name} ({cls}) does not support {self.attention} in transformers "
+                       f"{__version__}; use --attention {' or '.join(spec.attentions)}, or auto")
         if self.data is not None and spec.path is None:
             out.append(f"--data: {spec.name} has no tokenizer (a preset or a bare config.json); pass a "
                        "local model folder with tokenizer files as --model, or use the dummy data")
         return out
 
     def validate(self, spec: Any = None) -> TrainSetup:
-        """Raise one SetupError listing every problem; return self when there are none."""
+        """Raise one SetupError listing every problem; else return this setup, with `spec` given resolved
+        for it (`resolved`)."""
         found = self.problems(spec)
         if found:
             raise SetupError(found)
-        return self
+        return self if spec is None else self.resolved(spec)
+
+    def resolved(self, spec: Any) -> TrainSetup:
+        """This setup with `attention: auto` made the kernel transformers picks for `spec`'s model."""
+        return self.replace(attention=spec.attentions[0]) if self.attention == "auto" else self
 
 
 def _card_problems(card: Any, precision: str) -> list[str]:

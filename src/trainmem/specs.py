@@ -2,9 +2,10 @@
 
 A `ModelSpec` is a Hugging Face config (a plain dict, exactly as `config.json` holds it) plus where it
 came from. It can be built from a built-in preset (exact published configs; weights are random because
-no weights can be downloaded offline), a `config.json` path, a local model folder (config, weights,
-tokenizer), or a hub id that is already in the local Hugging Face cache. Parameter counts come from a
-meta-device model (no memory, no init), the same way `accelerate estimate-memory` counts them.
+no weights are downloaded), a `config.json` path, a local model folder (config, weights, tokenizer), a
+hub id in the local Hugging Face cache, or a hub id whose `config.json` (a few KB, never the weights) is
+fetched from the Hub. Parameter counts come from a meta-device model (no memory, no init), the same way
+`accelerate estimate-memory` counts them.
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ class ModelSpec:
     config: dict[str, Any] = field(hash=False)
     """The config.json contents (must hold `model_type`)."""
     source: str = "preset"
-    """`preset` (random weights), `config` (random weights), `dir` (local weights) or `cache`."""
+    """`preset`, `config` or `hub` (random weights), `dir` or `cache` (local weights)."""
     path: str | None = None
     """Folder with weights and tokenizer (sources `dir` and `cache`); None for random weights."""
 
@@ -213,20 +214,66 @@ class ModelSpec:
 
     @classmethod
     def from_hub_cache(cls, model_id: str) -> ModelSpec | None:
-        """The newest snapshot of `model_id` in the local Hugging Face cache, or None."""
+        """`org/name[@revision]` from the local Hugging Face cache (its newest snapshot), or None."""
         from huggingface_hub import try_to_load_from_cache
 
-        found = try_to_load_from_cache(model_id, "config.json")
-        if isinstance(found, str):
-            return cls.from_dir(Path(found).parent, source="cache")
-        return None
+        repo, revision = split_revision(model_id)
+        try:
+            found = try_to_load_from_cache(repo, "config.json", revision=revision)
+        except ValueError:  # not a valid repo id: not in the cache either
+            return None
+        if not isinstance(found, str):
+            return None
+        spec = cls.from_dir(Path(found).parent, source="cache")
+        if spec.has_weights:
+            return spec
+        # only the config is cached (what `from_hub` fetches): random weights, named as the user did
+        return cls(name=model_id, config=spec.config, source="hub")
+
+    @classmethod
+    def from_hub(cls, model_id: str) -> ModelSpec:
+        """`org/name[@revision]`: its `config.json` fetched from the Hub into the Hugging Face cache (never
+        the weights), so that a second call reads the cache, offline too. Honours HF_TOKEN, HF_ENDPOINT
+        and HF_HUB_OFFLINE as every Hugging Face library does; each failure says what to pass instead."""
+        from huggingface_hub import constants, hf_hub_download
+        from huggingface_hub import errors as hub
+
+        repo, revision = split_revision(model_id)
+        where = f"on the Hub ({constants.ENDPOINT})"
+        instead = ("or pass a config.json path, a local folder made by save_pretrained, or a preset: "
+                   f"{', '.join(p for p in PRESETS if not p.startswith('tiny-'))}")
+        try:
+            path = hf_hub_download(repo, "config.json", revision=revision)
+        except hub.GatedRepoError:
+            problem = (f"{repo} is gated {where}: accept its licence on the model's page, then set HF_TOKEN "
+                       f"to a token of that account (or run `hf auth login`); {instead}")
+        except hub.RepositoryNotFoundError:
+            problem = (f"no repository {repo!r} {where}: check the id (org/name), or set HF_TOKEN if it is "
+                       f"private; {instead}")
+        except hub.RevisionNotFoundError:
+            problem = f"{repo} has no revision {revision!r} {where}: name a branch, tag or commit; {instead}"
+        except hub.RemoteEntryNotFoundError:
+            problem = f"{repo} has no config.json {where}: is it a transformers model? {instead}"
+        except hub.LocalEntryNotFoundError:  # offline, or the Hub unreachable, and nothing cached
+            reason = ("HF_HUB_OFFLINE is set" if constants.is_offline_mode()
+                      else f"the Hub ({constants.ENDPOINT}) cannot be reached")
+            problem = (f"{model_id!r} is not in the local Hugging Face cache and {reason}: connect once to "
+                       f"cache its config.json (set HF_ENDPOINT for a mirror), {instead}")
+        except hub.HFValidationError:
+            problem = f"{model_id!r} is neither a local path nor a hub id (org/name[@revision]); {instead}"
+        except hub.HfHubHTTPError as e:
+            problem = f"the Hub refused {model_id!r} ({e.response.status_code}); {instead}"
+        else:
+            spec = cls.from_config_file(path)
+            return cls(name=model_id, config=spec.config, source="hub")
+        raise SetupError([f"--model: {problem}"])
 
     @classmethod
     def resolve(cls, name: str) -> ModelSpec:
-        """Any of: local folder, config.json path, hub id in the local cache, preset (in that order).
+        """Any of: local folder, config.json path, hub id (`org/name[@revision]`), preset.
 
-        A hub id of a preset that is not cached falls back to the preset with random weights, since
-        nothing can be downloaded; other hub ids fail with a message that says what to pass instead.
+        A hub id is read from the local cache when it is there, else it is a preset's hub id (the exact
+        preset config, no network), else its `config.json` is fetched from the Hub.
         """
         p = Path(name)
         if p.is_dir():
@@ -239,10 +286,7 @@ class ModelSpec:
                 return cached
             if name in HUB_IDS:
                 return cls.from_preset(name)
-            raise SetupError([f"--model: {name!r} is neither a local folder, a config.json, a preset, nor "
-                              "in the local Hugging Face cache (nothing is downloaded). Pass a folder "
-                              "made by save_pretrained, a config.json path, or a preset: "
-                              f"{', '.join(PRESETS)}."])
+            return cls.from_hub(name)
         return cls.from_preset(name)
 
     # --- derived facts ----------------------------------------------------------------------------
@@ -273,6 +317,24 @@ class ModelSpec:
         return sum(p.numel() for p in model.parameters())
 
     @property
+    def model_class(self) -> type | None:
+        """The transformers class `AutoModelForCausalLM` builds for this config (None if it knows none)."""
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+        try:
+            return MODEL_FOR_CAUSAL_LM_MAPPING[type(self.hf_config())]
+        except KeyError:
+            return None
+
+    @property
+    def attentions(self) -> tuple[str, ...]:
+        """The attention kernels (of `sdpa`, `eager`) the installed transformers lets this model use, its
+        default first: sdpa where the class declares `_supports_sdpa` (transformers then takes it without
+        being asked), else eager. Transformers never picks flash_attention_2 unless asked, so neither do we."""
+        cls = self.model_class
+        return ("eager",) if cls is not None and not cls._supports_sdpa else ("sdpa", "eager")
+
+    @property
     def max_positions(self) -> int | None:
         cfg = self.hf_config()
         return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
@@ -290,3 +352,9 @@ class ModelSpec:
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "source": self.source, "model_type": self.model_type,
                 "path": self.path, "parameters": self.parameter_count}
+
+
+def split_revision(model_id: str) -> tuple[str, str | None]:
+    """`org/name@rev` -> (`org/name`, `rev`); no `@` -> revision None (the default branch)."""
+    repo, _, revision = model_id.partition("@")
+    return repo, revision or None

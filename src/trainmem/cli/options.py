@@ -33,7 +33,7 @@ SETUP_FLAGS: dict[str, tuple[str, str, str]] = {
     "--optimizer": ("optimizer", "str", f"{'|'.join(OPTIMIZERS)} (default adamw)"),
     "--lr": ("lr", "float", "learning rate (default 1e-4)"),
     "--lr-batch": ("lr_batch", "int", "the effective batch --lr was tuned for (warns when this setup's differs)"),
-    "--attention": ("attention", "str", f"{'|'.join(ATTENTIONS)} (default sdpa)"),
+    "--attention": ("attention", "str", f"{'|'.join(ATTENTIONS)} (default auto: sdpa where the model's transformers class supports it, else eager)"),
     "--steps": ("steps", "int", "optimizer steps (default 3; step 2 is the first steady one)"),
     "--labels": ("labels", "str", "dummy labels: random (the seed) | copy"),
     "--num-samples": ("num_samples", "int", "dummy samples (default 64, as the seed)"),
@@ -74,8 +74,8 @@ def _convert(kind: str, text: Any) -> Any:
 
 def add_setup_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
-                   help=f"preset ({', '.join(PRESETS)}), config.json, local model folder, or cached hub id "
-                        "(default: EleutherAI/polyglot-ko-1.3b on a GPU, tiny-gpt-neox on the CPU)")
+                   help=f"preset ({', '.join(PRESETS)}), config.json, local model folder, or hub id org/name[@rev] "
+                        "(its config.json is fetched, never weights; default: EleutherAI/polyglot-ko-1.3b on a GPU, tiny-gpt-neox on the CPU)")
     p.add_argument("--config", default=None, metavar="FILE.yaml", help="setup fields from a YAML file")
     p.add_argument("--training-args", default=None, metavar="FILE.json",
                    help="TrainingArguments fields as JSON (args.to_json_string()): batch, accumulation, "
@@ -164,4 +164,4 @@ def setup_from_args(args: argparse.Namespace) -> tuple[ModelSpec, TrainSetup]:
     problems += setup.problems(spec)
     if problems:
         raise SetupError(problems)
-    return spec, setup  # type: ignore[return-value]
+    return spec, setup.resolved(spec)  # type: ignore[arg-type]

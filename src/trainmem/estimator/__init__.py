@@ -39,6 +39,11 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
         raise SetupError([f"--method: {method!r} is not one of {', '.join(METHODS)}"])
     precision = setup.resolved_precision(spec, "cuda")
     notes: list[str] = []
+    if "sdpa" not in spec.attentions:  # auto became eager (explicit sdpa is refused by validate)
+        from transformers import __version__
+
+        notes.append(f"eager attention: {getattr(spec.model_class, '__name__', spec.name)} does not support SDPA "
+                     f"in transformers {__version__}")
     if setup.gpus > 1 or setup.shard != "none":
         if method == "simulate":
             notes.append("sharding across GPUs is modelled by the analytic method only: used it instead")
@@ -93,8 +98,12 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
     paged = model_states["optimizer"] if setup.optimizer == "paged-adamw-8bit" else 0
     overhead = runtime_card.overhead(setup.attention, precision, setup.peft)
     memory["device_used"] = memory["peak_reserved"] + overhead + paged
+    installed = runtime.versions()
+    if runtime.version_note(installed):
+        notes.append(runtime.version_note(installed))
+    env = {**installed, "validated_on": dict(runtime.VALIDATED_ON)}
     return Breakdown(method, memory, model_states, phase, resolved.to_dict(), model, overhead,
-                     terms, tuple(notes))
+                     terms, tuple(notes), env)
 
 
 def _analytic_reserved(inv: states.Inventory, setup: TrainSetup, precision: str, ms: dict[str, int],

@@ -52,6 +52,8 @@ class Breakdown:
     """Bytes outside the allocator (context, kernels) added to reserved for `device_used`."""
     terms: dict[str, int] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    env: dict[str, Any] = field(default_factory=dict)
+    """The torch and transformers the estimate ran, and under `validated_on` those its model was measured on."""
 
     @property
     def peak(self) -> int:
@@ -109,5 +111,5 @@ class Breakdown:
         return Result(kind="estimate", status="ok", setup=self.setup, model=self.model, memory=dict(self.memory),
                       model_states=dict(self.model_states),
                       effective_batch=self.setup["batch_size"] * self.setup["grad_accum"] * self.setup["gpus"],
-                      peak_phase=self.peak_phase, notes=notes, method=self.method,
+                      peak_phase=self.peak_phase, notes=notes, method=self.method, env=dict(self.env),
                       terms=dict(self.terms), verdict=self.verdict(gpu, margin) if gpu else None)

@@ -44,3 +44,25 @@ def device_overhead(attention: str, precision: str, peft: str) -> int:
 LOGITS_BACKWARD_BYTES = 8.4
 """Transient bytes per logit element (tokens x vocabulary) at the start of backward: the fp32 gradient
 of log-softmax and of its input; 8.26-8.57 measured across GPT-NeoX, Llama and Qwen2 (mean 8.4)."""
+
+
+VALIDATED_ON = {"torch": "2.11", "transformers": "5.17"}
+"""The releases the kernel model above (and simulate's stand-ins) was measured against: the 44 H200 runs of
+docs/estimate-validation.md, 2026-12-03. Other releases may change kernels, model code and the allocator."""
+
+
+def versions() -> dict[str, str]:
+    """The installed torch and transformers, as the estimate ran them."""
+    from importlib.metadata import version
+
+    return {p: version(p) for p in VALIDATED_ON}
+
+
+def version_note(installed: dict[str, str]) -> str | None:
+    """Says so when an installed release differs from the validated ones in major.minor."""
+    off = [f"{p} {v}" for p, v in installed.items() if ".".join(v.split(".")[:2]) != VALIDATED_ON[p]]
+    if not off:
+        return None
+    return (f"installed {', '.join(off)}: the kernel memory model was validated on torch {VALIDATED_ON['torch']} "
+            f"+ transformers {VALIDATED_ON['transformers']} (H200, docs/estimate-validation.md); kernels, model "
+            "code and the allocator of other releases may take different memory")

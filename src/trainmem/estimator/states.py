@@ -52,7 +52,7 @@ def meta_model(spec: ModelSpec, setup: TrainSetup, precision: str) -> Any:
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(spec.hf_config(), dtype=WEIGHT_DTYPES[precision],
-                                                 attn_implementation=setup.attention)
+                                                 attn_implementation=setup.resolved(spec).attention)
         model.config.use_cache = False
         if setup.peft in ("lora", "qlora"):
             from peft import get_peft_model
