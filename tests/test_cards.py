@@ -92,7 +92,7 @@ def test_auto_precision_of_a_bf16_checkpoint_on_a_t4_is_refused():
 def _breakdown(reserved: int, terms: dict | None = None) -> Breakdown:
     memory = {"weights": 1, "gradients": 0, "optimizer": 0, "activations": 5, "other": 0, "peak_allocated": 6,
               "peak_reserved": reserved, "device_used": 0}
-    setup = {**TrainSetup(precision="fp16").to_dict(), "device": "cuda"}
+    setup = {**TrainSetup(precision="fp16", attention="sdpa").to_dict(), "device": "cuda"}
     return Breakdown("simulate", memory, {}, "forward/backward", setup, {}, 0, terms or {})
 
 
@@ -164,3 +164,33 @@ def test_the_chapters_t4_rows():
     said = [n for n in notes["batch 16, checkpointing"] if n.startswith("the methods disagree on the T4")]
     assert said and "simulate says tight" in said[0] and "analytic says fits" in said[0]
     assert not any(n.startswith("the methods disagree") for n in notes["batch 8"])
+
+
+def test_gpu_left_out_means_this_card(monkeypatch):
+    # no CUDA here: stand in for torch.cuda's answers, as a T4 and as a card the catalog does not name
+    import types
+
+    import torch
+
+    from trainmem import gpus
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    t4 = types.SimpleNamespace(name="Tesla T4", total_memory=gpus.find_gpu("T4").capacity, major=7, minor=5,
+                               multi_processor_count=40)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: t4)
+    assert gpus.this_card() == "T4"
+    sxm = types.SimpleNamespace(name="NVIDIA A100-SXM4-80GB", total_memory=85_100_000_000, major=8, minor=0,
+                                multi_processor_count=108)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: sxm)
+    assert gpus.this_card() == "A100-80GB"  # the catalog's card, within a quarter GiB of its capacity
+    a2000 = types.SimpleNamespace(name="NVIDIA RTX A2000 12GB", total_memory=12_622_168_064, major=8, minor=6,
+                                  multi_processor_count=26)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: a2000)
+    monkeypatch.setattr(gpus, "CATALOG", dict(gpus.CATALOG))
+    monkeypatch.setattr(gpus, "_INDEX", dict(gpus._INDEX))
+    name = gpus.this_card()
+    card = gpus.find_gpu(name)
+    assert name == "NVIDIA RTX A2000 12GB" and card.capacity == 12_622_168_064 and card.bf16 and card.flash
+    assert card.context == gpus.derived_context((8, 6), 26)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpus.this_card() is None

@@ -236,3 +236,26 @@ def gpu_problem(name: str) -> str | None:
         options = AMBIGUOUS[_key(name)]
         return f"--gpu: {name!r} comes with different memory sizes: pass {' or '.join(options)}"
     return f"--gpu: unknown card {name!r}; known: {', '.join(CATALOG)} (or cap by bytes with --memory-cap)"
+
+
+def this_card() -> str | None:
+    """The catalog name of this machine's first CUDA card, so that `--gpu` left out means "this card";
+    None without CUDA. A card the catalog does not name (or names under another capacity, e.g. an
+    A100-SXM4-80GB) gets a record from its own properties: the capacity PyTorch reports, its compute
+    capability and SM count, and the memory outside the allocator derived as for the catalog's cards."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(0)
+    known = find_gpu(props.name)
+    if known is not None and abs(known.capacity - props.total_memory) < GiB // 4:
+        return known.name
+    sm = (props.major, props.minor)
+    context = derived_context(sm, props.multi_processor_count) if sm in THREADS_PER_SM else CATALOG["H200"].context
+    card = GPU(props.name, props.total_memory, context,
+               "this machine (torch.cuda.get_device_properties)", sm, props.multi_processor_count,
+               context_source="derived from the H200 measurement for this card's SM count (gpus.derived_context)")
+    CATALOG[card.name] = card
+    _INDEX[_key(card.name)] = card
+    return card.name

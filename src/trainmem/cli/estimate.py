@@ -34,6 +34,11 @@ def main(args: argparse.Namespace) -> int:
     except ValueError:
         raise SetupError([f"--margin: expected a fraction in [0, 1), got {args.margin!r}"]) from None
     console = Console(stderr=args.json)
+    if setup.gpu is None and setup.device != "cpu":
+        from ..gpus import this_card
+
+        here = this_card()  # with CUDA, --gpu left out means the card this runs on
+        setup = setup.replace(gpu=here) if here else setup
     with console.status(f"estimating {spec.name}..."):
         breakdown = estimate(spec, setup, args.method)
     result = breakdown.to_result(setup.gpu, margin)

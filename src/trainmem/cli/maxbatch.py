@@ -52,7 +52,12 @@ def _options(args: argparse.Namespace) -> tuple[float, int | None]:
         if args.grad_accum is not None:
             problems.append("--grad-accum: --target-batch chooses the accumulation; drop one of them")
     if args.gpu is None:
-        problems.append("--gpu: max-batch needs the card to fit, e.g. --gpu T4 (see `trainmem run --help`)")
+        from ..gpus import this_card
+
+        args.gpu = this_card()  # with CUDA, --gpu left out means the card this runs on
+    if args.gpu is None:
+        problems.append("--gpu: max-batch needs the card to fit, e.g. --gpu T4 (see `trainmem run --help`); "
+                        "with CUDA it defaults to this machine's card")
     if args.estimator not in ESTIMATORS:
         problems.append(f"--estimator: {args.estimator!r} is not one of {', '.join(ESTIMATORS)}")
     if problems:
