@@ -73,11 +73,14 @@ class TrainSetup:
     seed: int = 0
     engine: str = "loop"
     gpus: int = 1
-    """Data-parallel GPUs (estimate only for now: multi-GPU runs are not built yet)."""
+    """Data-parallel GPUs: estimated; run as CPU processes over gloo, or one rank through the fake group (`rank`)."""
     shard: str = "none"
     """How states are spread over `gpus`: none, ddp, zero1, zero2, zero3 (DeepSpeed ZeRO) or fsdp."""
     offload: str = "none"
     """ZeRO/FSDP offload to CPU memory: none, optimizer or params."""
+    rank: int | str | None = None
+    """Run: emulate this rank (0..gpus-1, or `all` in turn) of the `gpus`-rank FSDP2 run in one process
+    through PyTorch's fake process group (see `trainmem.fake_group`)."""
     """Who trains: `loop` (trainmem's own loop) or `trainer` (transformers.Trainer + MemoryCallback)."""
 
     # --- derived ----------------------------------------------------------------------------
@@ -195,6 +198,9 @@ class TrainSetup:
             out.append(f"--offload {self.offload}: needs --shard zero1|zero2|zero3|fsdp")
         if self.offload == "params" and self.shard not in ("zero3", "fsdp"):
             out.append("--offload params: only ZeRO-3 and FSDP shard (and so can offload) parameters")
+        from .fake_group import check_rank
+
+        out.extend(check_rank(self))
         if self.gpu is not None and find_gpu(self.gpu) is None:
             out.append(f"--gpu: unknown card {self.gpu!r}; known: {', '.join(CATALOG)} "
                        "(or cap by bytes with --memory-cap)")

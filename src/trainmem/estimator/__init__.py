@@ -103,7 +103,8 @@ def _analytic(inv: states.Inventory, setup: TrainSetup, precision: str, ms: dict
     # per GPU under sharding (one GPU: the states themselves); foreach AdamW copies the local gradients
     rank = sharding.rank_states(ms["weights"], ms["gradients"], ms["optimizer"], trainable,
                                 precision in ("fp16", "bf16"), setup.gpus, setup.shard, setup.offload,
-                                _largest_layer(inv), foreach_copy=setup.optimizer == "adamw")
+                                _largest_layer(inv), foreach_copy=setup.optimizer == "adamw",
+                                unsharded_optimizer=_step_scalars(inv, setup.optimizer))
     w, g, o, step_temp = rank.weights, rank.gradients, rank.optimizer, rank.step_temporaries
     notes.extend(rank.notes)
     if rank.gathered:
@@ -136,6 +137,11 @@ def _largest_layer(inv: states.Inventory) -> int:
         if m:
             per[m.group(1)] = per.get(m.group(1), 0) + int(p.numel * p.bytes_per)
     return max(per.values(), default=0)
+
+
+def _step_scalars(inv: states.Inventory, optimizer: str) -> int:
+    """torch AdamW's fp32 `step`, one per trainable parameter tensor (`states.optimizer` counts it), whole on every rank."""
+    return 4 * sum(1 for p in inv.params if p.trainable) if optimizer in ("adamw", "adamw-fused") else 0
 
 
 def _lora_inputs(inv: states.Inventory, setup: TrainSetup, layers: int) -> int:
