@@ -9,7 +9,8 @@ Two methods, the same breakdown (`memory` keys of a measurement):
 - `analytic`: closed-form terms (see `analytic.py`, `states.py`), milliseconds per setup once the
   model's parameter inventory is built;
 - `simulate`: the real model's step on the meta device under trainmem's tensor ledger (`simulate.py`).
-`auto` simulates every single-GPU setup; sharded setups (`--gpus N --shard ...`) use the analytic method.
+`auto` simulates every single-GPU setup and FSDP2 (`--gpus N --shard fsdp`, `sharded.py`); DDP, ZeRO and
+offload use the analytic method (ZeRO unvalidated: DeepSpeed is not run here).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 from ..measure import TensorLedger
 from ..setup import TrainSetup
 from ..specs import ModelSpec
-from . import allocator, analytic, quantized, runtime, sharding, states
+from . import allocator, analytic, quantized, runtime, sharded, sharding, states
 from .breakdown import ADVICE, Breakdown
 from .simulate import simulate_step
 
@@ -39,9 +40,13 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
     precision = setup.resolved_precision(spec, "cuda")
     notes: list[str] = []
     if setup.gpus > 1 or setup.shard != "none":
-        if method == "simulate":
-            notes.append("sharding across GPUs is modelled by the analytic method only: used it instead")
-        method = "analytic"
+        if sharded.simulates(setup) and method != "analytic":
+            method = "simulate"  # rank 0's FSDP2 step under the fake process group (sharded.py)
+        else:
+            notes.append(f"--shard {setup.shard}" + (f" --offload {setup.offload}" if setup.offload != "none" else "")
+                         + ": modelled by the analytic method only, unvalidated against measured runs"
+                         + (" (simulate was asked for: used analytic instead)" if method == "simulate" else ""))
+            method = "analytic"
         notes.append(f"per GPU, {setup.gpus} GPUs with {setup.shard}"
                      + (f", {setup.offload} offloaded" if setup.offload != "none" else ""))
     if method == "auto":
@@ -154,7 +159,12 @@ def _lora_inputs(inv: states.Inventory, setup: TrainSetup, layers: int) -> int:
 
 def _simulate(spec: ModelSpec, setup: TrainSetup, precision: str,
               notes: list[str]) -> tuple[dict[str, int], str, dict[str, int], int]:
-    ledger, _ = simulate_step(_builder(spec, setup, precision), setup, precision)
+    if setup.shard == "fsdp":
+        ledger, _ = sharded.simulate_fsdp_rank(spec, setup, precision)
+        notes.append(f"simulated: rank 0 of {setup.gpus}, FSDP2 under PyTorch's fake process group on fake CPU "
+                     "tensors; not modelled: NCCL's buffers, overlap of communication with compute")
+    else:
+        ledger, _ = simulate_step(_builder(spec, setup, precision), setup, precision)
     memory = dict(ledger.peak_split)  # cuBLAS workspaces included: the simulation allocates them
     memory["peak_allocated"] = ledger.peak
     phase = "optimizer step" if ledger.peak_phase.endswith("optimizer") else "forward/backward"
