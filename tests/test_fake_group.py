@@ -102,3 +102,19 @@ def test_an_existing_process_group_is_not_silently_reused():
     with fake_group(1, 4):
         assert dist.get_rank() == 1 and dist.get_world_size() == 4
     assert not dist.is_initialized()
+
+
+def test_cli_runs_one_emulated_rank_and_rejects_a_rank_out_of_range():
+    import json
+    import subprocess
+    import sys
+
+    cli = [sys.executable, "-m", "trainmem.cli", "run", "--model", "tiny-gpt-neox", "--batch-size", "2",
+           "--seq-len", "32", "--steps", "2", "--num-samples", "8", "--device", "cpu", "--gpus", "4",
+           "--shard", "fsdp"]
+    p = subprocess.run(cli + ["--rank", "2", "--json"], capture_output=True, text=True, check=True)
+    row = json.loads(p.stdout)
+    assert row["status"] == "ok" and row["env"]["emulated_world"] == 4 and row["env"]["rank"] == 2
+    assert row["setup"]["rank"] == 2
+    bad = subprocess.run(cli + ["--rank", "4"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "--rank 4: out of range for --gpus 4; use 0..3 or all" in bad.stdout + bad.stderr
