@@ -76,3 +76,12 @@ def test_zero_and_offload_stay_analytic_and_say_unvalidated():
     assert b.method == "analytic" and any("unvalidated" in n for n in b.notes)
     b = estimate(SPEC, TrainSetup(gpus=2, offload="optimizer", **BASE), "simulate")
     assert b.method == "analytic"
+
+
+def test_analytic_fsdp_closed_form_is_checked_against_simulate():
+    # amp-bf16: FSDP2 gathers bf16 weights itself, so no autocast weight copies and half-size gathered units
+    setup = TrainSetup(gpus=2, batch_size=4, seq_len=256, precision="amp-bf16", shard="fsdp")
+    a, s = estimate("tiny-llama", setup, "analytic"), estimate("tiny-llama", setup, "simulate")
+    assert "autocast_weight_copies" not in a.terms and s.method == "simulate"
+    assert abs(a.memory["peak_allocated"] / s.memory["peak_allocated"] - 1) < 0.03
+    assert a.memory["optimizer"] == s.memory["optimizer"]  # sharded fp32 moments + whole step scalars

@@ -100,15 +100,18 @@ def _analytic(inv: states.Inventory, setup: TrainSetup, precision: str, ms: dict
                                 frozen=setup.peft != "none")
     terms = dict(acts.terms)
     saved = acts.saved
-    if precision.startswith("amp"):
-        # autocast's half copies of every matmul weight are saved for backward (2 bytes a parameter)
+    if precision.startswith("amp") and setup.shard != "fsdp":
+        # autocast's half copies of every matmul weight are saved for backward (2 bytes a parameter);
+        # FSDP2's MixedPrecisionPolicy gathers the weights in half already, so autocast copies nothing
         terms["autocast_weight_copies"] = 2 * sum(p.numel for p in inv.params if len(p.shape) == 2)
         saved += terms["autocast_weight_copies"]
     trainable = sum(p.numel for p in inv.params if p.trainable)
     # per GPU under sharding (one GPU: the states themselves); foreach AdamW copies the local gradients
+    # FSDP2 under amp-* gathers each layer in half precision (MixedPrecisionPolicy.param_dtype, fake_group.py)
+    gathered = _largest_layer(inv) // (2 if precision.startswith("amp") and setup.shard == "fsdp" else 1)
     rank = sharding.rank_states(ms["weights"], ms["gradients"], ms["optimizer"], trainable,
                                 precision in ("fp16", "bf16"), setup.gpus, setup.shard, setup.offload,
-                                _largest_layer(inv), foreach_copy=setup.optimizer == "adamw",
+                                gathered, foreach_copy=setup.optimizer == "adamw",
                                 unsharded_optimizer=_step_scalars(inv, setup.optimizer))
     w, g, o, step_temp = rank.weights, rank.gradients, rank.optimizer, rank.step_temporaries
     notes.extend(rank.notes)
