@@ -118,3 +118,16 @@ def test_cli_runs_one_emulated_rank_and_rejects_a_rank_out_of_range():
     assert row["setup"]["rank"] == 2
     bad = subprocess.run(cli + ["--rank", "4"], capture_output=True, text=True)
     assert bad.returncode != 0 and "--rank 4: out of range for --gpus 4; use 0..3 or all" in bad.stdout + bad.stderr
+
+
+def test_amp_bf16_keeps_fp32_master_shards_and_fp32_gradient_shards():
+    r = execute(SPEC, TrainSetup(gpus=2, rank=0, **{**BASE, "precision": "amp-bf16"}))
+    assert r.status == "ok", r.error
+    params = list(_meta_model().parameters())
+    psi = sum(p.numel() for p in params)
+    buffers = sum(b.numel() * 4 for b in _meta_model().buffers())
+    # MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): fp32 shards, bf16 only while gathered
+    assert r.model_states == {"weights": 4 * psi // 2 + buffers, "gradients": 4 * psi // 2,
+                              "optimizer": 8 * psi // 2 + 4 * len(params)}
+    assert any("fp32 sharded master weights, bf16 compute parameters, fp32 gradient reduction" in n
+               for n in r.notes)
