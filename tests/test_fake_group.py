@@ -131,3 +131,12 @@ def test_amp_bf16_keeps_fp32_master_shards_and_fp32_gradient_shards():
                               "optimizer": 8 * psi // 2 + 4 * len(params)}
     assert any("fp32 sharded master weights, bf16 compute parameters, fp32 gradient reduction" in n
                for n in r.notes)
+
+
+def test_the_unsharded_build_does_not_count_toward_the_rank_peak():
+    r = execute(SPEC, TrainSetup(gpus=8, rank=0, **{**BASE, "batch_size": 1, "seq_len": 4}))
+    assert r.status == "ok", r.error
+    psi = sum(p.numel() for p in _meta_model().parameters())
+    load = next(p for p in r.phases if p["phase"] == "load")
+    assert load["peak_allocated"] < 4 * psi  # the whole fp32 model was built, then sharded, before it
+    assert any("unsharded model built before fully_shard is not counted" in n for n in r.notes)

@@ -25,6 +25,7 @@ with NCCL: `torchrun_main` is that entry point, written but never run here (no m
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 from typing import Any, Iterator
 
@@ -98,9 +99,28 @@ def measure_rank_here(spec: ModelSpec, setup: TrainSetup, device: str, precision
     device_type = "cuda" if device == "cuda" else "cpu"
     if device == "cuda":
         torch.cuda.set_device(0)
-    return measure(spec, setup, device, precision, batches,
-                   wrap=lambda model: shard_model(model, world, precision, device_type),
-                   follow=_follow_fsdp_storage, env={**env, "rank": rank, "world_size": world})
+    seen: dict[str, Any] = {}
+
+    def follow(ledger: Any) -> Any:
+        seen["ledger"] = ledger
+        return _follow_fsdp_storage(ledger)
+
+    def wrap(model: torch.nn.Module) -> torch.nn.Module:
+        # trainmem builds the whole model on the device, then shards it; a production FSDP2 run builds
+        # on meta and materialises only its shard, so the peak starts once the model is sharded
+        shard_model(model, world, precision, device_type)
+        gc.collect()
+        seen["ledger"].restart_peak()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        return model
+
+    result = measure(spec, setup, device, precision, batches, wrap=wrap, follow=follow,
+                     env={**env, "rank": rank, "world_size": world})
+    result.notes.append("the unsharded model built before fully_shard is not counted: the peak starts once "
+                        "the model is sharded (the `load` phase shows the sharded model)")
+    return result
 
 
 def measure_emulated(spec: ModelSpec, setup: TrainSetup, device: str, precision: str) -> Result:

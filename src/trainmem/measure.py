@@ -235,6 +235,12 @@ class TensorLedger(TorchDispatchMode):
         self.live -= n
         self.by_tag[tag] -= n
 
+    def restart_peak(self) -> None:
+        """Forget the peak so far: the next allocation starts a new one (an emulated FSDP2 rank does this
+        once its model is sharded, so the unsharded build does not count)."""
+        self.peak = self.phase_peak = self.live
+        self.peak_split, self.peak_phase = {}, self.phase
+
     def _snapshot(self) -> None:
         # Weights and optimizer states only change in the step, gradients only in backward/step.
         if self._cached_state is None or self.phase.endswith(("backward", "optimizer")):
