@@ -177,27 +177,9 @@ def torchrun_main() -> None:  # pragma: no cover - needs N GPUs and torchrun; ne
         json.dump(row, f)
 
 
-def check_rank(setup: TrainSetup) -> list[str]:
-    """Problems of `--rank`, each naming the flag and the fix."""
-    if setup.rank is None:
-        return []
-    out = []
-    if setup.gpus < 2 or setup.shard != "fsdp":
-        out.append(f"--rank {setup.rank}: emulates one rank of a sharded run; needs --gpus N (N >= 2) and "
-                   "--shard fsdp")
-    if setup.rank != "all":
-        try:
-            r = int(setup.rank)
-        except (TypeError, ValueError):
-            r = -1
-        if not 0 <= r < max(setup.gpus, 1):
-            out.append(f"--rank {setup.rank}: out of range for --gpus {setup.gpus}; use 0..{setup.gpus - 1} or all")
-    return out
-
-
 if __name__ == "__main__":  # pragma: no cover
     torchrun_main()
 
 
 __all__ = ["precision_policy", "fake_group", "shard_model", "measure_emulated", "measure_rank_here",
-           "torchrun_main", "check_rank"]
+           "torchrun_main"]

@@ -198,9 +198,7 @@ class TrainSetup:
             out.append(f"--offload {self.offload}: needs --shard zero1|zero2|zero3|fsdp")
         if self.offload == "params" and self.shard not in ("zero3", "fsdp"):
             out.append("--offload params: only ZeRO-3 and FSDP shard (and so can offload) parameters")
-        from .fake_group import check_rank
-
-        out.extend(check_rank(self))
+        out.extend(self._rank_problems())
         if self.gpu is not None and find_gpu(self.gpu) is None:
             out.append(f"--gpu: unknown card {self.gpu!r}; known: {', '.join(CATALOG)} "
                        "(or cap by bytes with --memory-cap)")
@@ -235,6 +233,23 @@ class TrainSetup:
         if self.data is not None and spec.path is None:
             out.append(f"--data: {spec.name} has no tokenizer (a preset or a bare config.json); pass a "
                        "local model folder with tokenizer files as --model, or use the dummy data")
+        return out
+
+    def _rank_problems(self) -> list[str]:
+        """Problems of `--rank`, each naming the flag and the fix."""
+        if self.rank is None:
+            return []
+        out: list[str] = []
+        if self.gpus < 2 or self.shard != "fsdp":
+            out.append(f"--rank {self.rank}: emulates one rank of a sharded run; needs --gpus N (N >= 2) and "
+                       "--shard fsdp")
+        if self.rank != "all":
+            try:
+                r = int(self.rank)
+            except (TypeError, ValueError):
+                r = -1
+            if not 0 <= r < max(self.gpus, 1):
+                out.append(f"--rank {self.rank}: out of range for --gpus {self.gpus}; use 0..{self.gpus - 1} or all")
         return out
 
     def validate(self, spec: Any = None) -> TrainSetup:
