@@ -44,10 +44,9 @@ def environment_problems(setup: TrainSetup, device: str, precision: str) -> list
         if setup.shard.startswith("zero"):
             out.append(f"--shard {setup.shard}: measured ZeRO runs are not built yet (DeepSpeed is not "
                        f"installed); {predict}")
-        elif device == "cuda":
-            out.append(f"--gpus {setup.gpus} --device cuda: measured multi-GPU runs are not built yet (they "
-                       f"need several GPUs, which this machine lacks); use --device cpu for gloo processes "
-                       f"or {predict}")
+        elif device == "cuda" and setup.shard != "fsdp":
+            out.append(f"--gpus {setup.gpus} --device cuda --shard {setup.shard}: only FSDP2 ranks are emulated "
+                       f"on one GPU (--shard fsdp); use --device cpu for gloo processes or {predict}")
         if setup.offload != "none":
             out.append(f"--offload {setup.offload}: measured offload runs are not built yet; {predict}")
         if setup.engine == "trainer":

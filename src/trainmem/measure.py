@@ -66,7 +66,8 @@ def _unique_bytes(tensors: Iterable[torch.Tensor]) -> int:
         st = t.untyped_storage()
         # Meta storages (the estimator's simulation) all have address 0: tell them apart by identity,
         # which PyTorch keeps stable for a live storage.
-        key = (st.data_ptr() or id(st), st.nbytes())
+        # Fake storages (the sharded simulation) have no address to read either.
+        key = (id(st) if st.device.type == "meta" or _is_fake(t) else st.data_ptr() or id(st), st.nbytes())
         if key not in seen:
             seen.add(key)
             total += st.nbytes()
@@ -104,6 +105,12 @@ class StateBytes:
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
 
 
 def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> StateBytes:
@@ -227,6 +234,12 @@ class TensorLedger(TorchDispatchMode):
     def _free(self, tag: str, n: int) -> None:
         self.live -= n
         self.by_tag[tag] -= n
+
+    def restart_peak(self) -> None:
+        """Forget the peak so far: the next allocation starts a new one (an emulated FSDP2 rank does this
+        once its model is sharded, so the unsharded build does not count)."""
+        self.peak = self.phase_peak = self.live
+        self.peak_split, self.peak_phase = {}, self.phase
 
     def _snapshot(self) -> None:
         # Weights and optimizer states only change in the step, gradients only in backward/step.

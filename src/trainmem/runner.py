@@ -65,6 +65,12 @@ def execute(spec: ModelSpec, setup: TrainSetup) -> Result:
     if problems:
         raise SetupError(problems)
     setup = setup.resolved(spec)
+    if setup.shard == "fsdp" and (device == "cuda" or setup.rank is not None):
+        # one rank (or each in turn) in this process through the fake process group: always on CUDA,
+        # on the CPU when --rank asks for it
+        from .fake_group import measure_emulated
+
+        return measure_emulated(spec, setup, device, precision)
     if setup.gpus > 1 or setup.shard != "none":  # CPU ranks over gloo (environment_problems allows no other)
         from .distributed import execute_distributed
 

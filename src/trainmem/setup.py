@@ -75,11 +75,14 @@ class TrainSetup:
     seed: int = 0
     engine: str = "loop"
     gpus: int = 1
-    """Data-parallel GPUs (estimate only for now: multi-GPU runs are not built yet)."""
+    """Data-parallel GPUs: estimated; run as CPU processes over gloo, or one rank through the fake group (`rank`)."""
     shard: str = "none"
     """How states are spread over `gpus`: none, ddp, zero1, zero2, zero3 (DeepSpeed ZeRO) or fsdp."""
     offload: str = "none"
     """ZeRO/FSDP offload to CPU memory: none, optimizer or params."""
+    rank: int | str | None = None
+    """Run: emulate this rank (0..gpus-1, or `all` in turn) of the `gpus`-rank FSDP2 run in one process
+    through PyTorch's fake process group (see `trainmem.fake_group`)."""
     """Who trains: `loop` (trainmem's own loop) or `trainer` (transformers.Trainer + MemoryCallback)."""
 
     # --- derived ----------------------------------------------------------------------------
@@ -197,6 +200,7 @@ class TrainSetup:
             out.append(f"--offload {self.offload}: needs --shard zero1|zero2|zero3|fsdp")
         if self.offload == "params" and self.shard not in ("zero3", "fsdp"):
             out.append("--offload params: only ZeRO-3 and FSDP shard (and so can offload) parameters")
+        out.extend(self._rank_problems())
         if self.gpu is not None and gpu_problem(self.gpu):
             out.append(gpu_problem(self.gpu))  # type: ignore[arg-type]
         elif self.gpu is not None:
@@ -242,6 +246,23 @@ class TrainSetup:
         if self.data is not None and spec.path is None:
             out.append(f"--data: {spec.name} has no tokenizer (a preset or a bare config.json); pass a "
                        "local model folder with tokenizer files as --model, or use the dummy data")
+        return out
+
+    def _rank_problems(self) -> list[str]:
+        """Problems of `--rank`, each naming the flag and the fix."""
+        if self.rank is None:
+            return []
+        out: list[str] = []
+        if self.gpus < 2 or self.shard != "fsdp":
+            out.append(f"--rank {self.rank}: emulates one rank of a sharded run; needs --gpus N (N >= 2) and "
+                       "--shard fsdp")
+        if self.rank != "all":
+            try:
+                r = int(self.rank)
+            except (TypeError, ValueError):
+                r = -1
+            if not 0 <= r < max(self.gpus, 1):
+                out.append(f"--rank {self.rank}: out of range for --gpus {self.gpus}; use 0..{self.gpus - 1} or all")
         return out
 
     def validate(self, spec: Any = None) -> TrainSetup:

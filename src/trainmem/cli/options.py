@@ -43,8 +43,10 @@ SETUP_FLAGS: dict[str, tuple[str, str, str]] = {
     "--gpu": ("gpu", "str", "cap memory to this card's usable memory (T4, A100-40GB, H100-80GB, ...)"),
     "--memory-cap": ("memory_cap", "bytes", "cap memory to this many bytes (e.g. 12GiB)"),
     "--seed": ("seed", "int", "random seed (default 0)"),
-    "--gpus": ("gpus", "int", "data-parallel GPUs (default 1; run: CPU processes over gloo with --device cpu)"),
-    "--shard": ("shard", "str", "none|ddp|zero1|zero2|zero3|fsdp: how states spread over --gpus (run: ddp, fsdp)"),
+    "--gpus": ("gpus", "int", "data-parallel GPUs (default 1; run: CPU processes over gloo with --device cpu, or one rank with --rank)"),
+    "--shard": ("shard", "str", "none|ddp|zero1|zero2|zero3|fsdp: how states spread over --gpus (run: ddp, fsdp; estimate simulates fsdp)"),
+    "--rank": ("rank", "rank", "R|all: measure rank R (or each in turn) of the --gpus N --shard fsdp run in one "
+               "process through PyTorch's fake process group (default on CUDA: rank 0)"),
     "--offload": ("offload", "str", "none|optimizer|params: ZeRO/FSDP offload to CPU memory (estimate)"),
     "--engine": ("engine", "str", f"{'|'.join(ENGINES)}: trainmem's loop or transformers.Trainer with "
                  "MemoryCallback (default loop; run only)"),
@@ -63,6 +65,8 @@ def parse_bytes(text: str) -> int:
 def _convert(kind: str, text: Any) -> Any:
     if kind == "int":
         return int(text)
+    if kind == "rank":
+        return int(text) if str(text).strip().isdigit() else str(text).strip()
     if kind == "float":
         return float(text)
     if kind == "list":

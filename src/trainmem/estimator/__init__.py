@@ -9,7 +9,8 @@ Two methods, the same breakdown (`memory` keys of a measurement):
 - `analytic`: closed-form terms (see `analytic.py`, `states.py`), milliseconds per setup once the
   model's parameter inventory is built;
 - `simulate`: the real model's step on the meta device under trainmem's tensor ledger (`simulate.py`).
-`auto` simulates every single-GPU setup; sharded setups (`--gpus N --shard ...`) use the analytic method.
+`auto` simulates every single-GPU setup and FSDP2 (`--gpus N --shard fsdp`, `sharded.py`); DDP, ZeRO and
+offload use the analytic method (ZeRO unvalidated: DeepSpeed is not run here).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ..gpus import CATALOG, GPU, find_gpu
 from ..measure import TensorLedger
 from ..setup import TrainSetup
 from ..specs import ModelSpec
-from . import allocator, analytic, quantized, runtime, sharding, states
+from . import allocator, analytic, quantized, runtime, sharded, sharding, states
 from .breakdown import ADVICE, Breakdown
 from .simulate import simulate_step
 
@@ -45,9 +46,13 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
         notes.append(f"eager attention: {getattr(spec.model_class, '__name__', spec.name)} does not support SDPA "
                      f"in transformers {__version__}")
     if setup.gpus > 1 or setup.shard != "none":
-        if method == "simulate":
-            notes.append("sharding across GPUs is modelled by the analytic method only: used it instead")
-        method = "analytic"
+        if sharded.simulates(setup) and method != "analytic":
+            method = "simulate"  # rank 0's FSDP2 step under the fake process group (sharded.py)
+        else:
+            notes.append(f"--shard {setup.shard}" + (f" --offload {setup.offload}" if setup.offload != "none" else "")
+                         + ": modelled by the analytic method only, unvalidated against measured runs"
+                         + (" (simulate was asked for: used analytic instead)" if method == "simulate" else ""))
+            method = "analytic"
         notes.append(f"per GPU, {setup.gpus} GPUs with {setup.shard}"
                      + (f", {setup.offload} offloaded" if setup.offload != "none" else ""))
     if method == "auto":
@@ -131,15 +136,19 @@ def _analytic(inv: states.Inventory, setup: TrainSetup, precision: str, ms: dict
                                 frozen=setup.peft != "none", flash=flash)
     terms = dict(acts.terms)
     saved = acts.saved
-    if precision.startswith("amp"):
-        # autocast's half copies of every matmul weight are saved for backward (2 bytes a parameter)
+    if precision.startswith("amp") and setup.shard != "fsdp":
+        # autocast's half copies of every matmul weight are saved for backward (2 bytes a parameter);
+        # FSDP2's MixedPrecisionPolicy gathers the weights in half already, so autocast copies nothing
         terms["autocast_weight_copies"] = 2 * sum(p.numel for p in inv.params if len(p.shape) == 2)
         saved += terms["autocast_weight_copies"]
     trainable = sum(p.numel for p in inv.params if p.trainable)
     # per GPU under sharding (one GPU: the states themselves); foreach AdamW copies the local gradients
+    # FSDP2 under amp-* gathers each layer in half precision (MixedPrecisionPolicy.param_dtype, fake_group.py)
+    gathered = _largest_layer(inv) // (2 if precision.startswith("amp") and setup.shard == "fsdp" else 1)
     rank = sharding.rank_states(ms["weights"], ms["gradients"], ms["optimizer"], trainable,
                                 precision in ("fp16", "bf16"), setup.gpus, setup.shard, setup.offload,
-                                _largest_layer(inv), foreach_copy=setup.optimizer == "adamw")
+                                gathered, foreach_copy=setup.optimizer == "adamw",
+                                unsharded_optimizer=_step_scalars(inv, setup.optimizer))
     w, g, o, step_temp = rank.weights, rank.gradients, rank.optimizer, rank.step_temporaries
     notes.extend(rank.notes)
     if rank.gathered:
@@ -175,6 +184,11 @@ def _largest_layer(inv: states.Inventory) -> int:
     return max(per.values(), default=0)
 
 
+def _step_scalars(inv: states.Inventory, optimizer: str) -> int:
+    """torch AdamW's fp32 `step`, one per trainable parameter tensor (`states.optimizer` counts it), whole on every rank."""
+    return 4 * sum(1 for p in inv.params if p.trainable) if optimizer in ("adamw", "adamw-fused") else 0
+
+
 def _lora_inputs(inv: states.Inventory, setup: TrainSetup, layers: int) -> int:
     """Input features of the LoRA-adapted Linears of one layer (each keeps an fp32 dropout copy)."""
     if setup.peft not in ("lora", "qlora"):
@@ -185,8 +199,13 @@ def _lora_inputs(inv: states.Inventory, setup: TrainSetup, layers: int) -> int:
 
 def _simulate(spec: ModelSpec, setup: TrainSetup, precision: str, notes: list[str],
               card: GPU) -> tuple[dict[str, int], str, dict[str, int], int]:
-    ledger, _ = simulate_step(_builder(spec, setup, precision), setup, precision,
-                              workspace=card.cublas_workspace, flash=card.flash)
+    if setup.shard == "fsdp":
+        ledger, _ = sharded.simulate_fsdp_rank(spec, setup, precision)
+        notes.append(f"simulated: rank 0 of {setup.gpus}, FSDP2 under PyTorch's fake process group on fake CPU "
+                     "tensors; not modelled: NCCL's buffers, overlap of communication with compute")
+    else:
+        ledger, _ = simulate_step(_builder(spec, setup, precision), setup, precision,
+                                  workspace=card.cublas_workspace, flash=card.flash)
     memory = dict(ledger.peak_split)  # cuBLAS workspaces included: the simulation allocates them
     memory["peak_allocated"] = ledger.peak
     phase = "optimizer step" if ledger.peak_phase.endswith("optimizer") else "forward/backward"

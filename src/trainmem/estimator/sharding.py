@@ -29,12 +29,16 @@ class RankStates:
 
 
 def rank_states(weights: int, gradients: int, optimizer: int, trainable: int, half_weights: bool,
-                n: int, shard: str, offload: str, largest_layer: int, foreach_copy: bool) -> RankStates:
+                n: int, shard: str, offload: str, largest_layer: int, foreach_copy: bool,
+                unsharded_optimizer: int = 0) -> RankStates:
     """Per-GPU states for `shard` over `n` GPUs.
 
     `weights`/`gradients`/`optimizer` are the single-GPU bytes, `trainable` the trainable parameter count,
     `largest_layer` the bytes of the largest decoder layer's parameters (what FSDP/ZeRO-3 gathers),
-    `foreach_copy`: the optimizer step makes a temporary copy of the (local) gradients.
+    `foreach_copy`: the optimizer step makes a temporary copy of the (local) gradients,
+    `unsharded_optimizer`: optimizer bytes every rank keeps whole (torch AdamW's 4-byte `step` per
+    parameter tensor, which FSDP2 does not shard: measured exactly by the fake-group and gloo runs).
+    FSDP2 pads dim 0 of each parameter to a multiple of `n`; the formulas leave that padding out.
     """
     notes: list[str] = []
     if shard in ("none", "ddp"):
@@ -47,7 +51,9 @@ def rank_states(weights: int, gradients: int, optimizer: int, trainable: int, ha
         # DeepSpeed's mixed-precision optimizer: fp32 master weights + fp32 Adam moments, K = 12
         optimizer = 12 * trainable
         notes.append("DeepSpeed mixed precision: fp32 master weights and moments, 12 bytes per trainable parameter")
-    opt = optimizer // n
+    else:
+        optimizer -= unsharded_optimizer
+    opt = optimizer // n + (0 if shard.startswith("zero") and half_weights else unsharded_optimizer)
     if shard == "zero1":
         w, g = weights, gradients
     elif shard == "zero2":

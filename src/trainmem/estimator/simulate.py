@@ -150,26 +150,40 @@ class CudaKernels:
 def simulate_step(build: Callable[[TensorLedger], Any], setup: TrainSetup,
                   precision: str | None = None,
                   workspace: int = runtime.CUBLAS_WORKSPACE // runtime.CUBLAS_HANDLES,
-                  flash: bool = True) -> tuple[TensorLedger, StateBytes]:
+                  flash: bool = True, device: str = "meta",
+                  follow: Callable[[TensorLedger], Any] | None = None) -> tuple[TensorLedger, StateBytes]:
     """Build the model with `build` (on the meta device, given the ledger for what no operator shows),
     then two optimizer steps (states appear in the first) of the setup's accumulation, all under one
     recording ledger. Under `amp-*` each forward (loss included, as `train.train` does) runs in an
-    autocast region. `workspace`: bytes per cuBLAS handle; `flash`: the card has the flash kernel."""
-    from ..build import AUTOCAST_DTYPES, build_optimizer
+    autocast region. `workspace`: bytes per cuBLAS handle; `flash`: the card has the flash kernel. A
+    sharded simulation (`sharded.py`) passes `device="cpu"` (fake CPU tensors) and `follow`, the context
+    that routes FSDP2's storage resizes through the ledger."""
+    from ..build import AUTOCAST_DTYPES
 
     amp = AUTOCAST_DTYPES.get(precision or setup.precision)
 
-    model: Any = None
-    optimizer: Any = None
+    held: dict[str, Any] = {"model": None, "optimizer": None}
 
     def states() -> StateBytes:
-        return state_bytes(model, optimizer) if model is not None else StateBytes(0, 0, 0)
+        if held["model"] is None:
+            return StateBytes(0, 0, 0)
+        return state_bytes(held["model"], held["optimizer"])
 
     ledger = TensorLedger(states).record()  # events for the allocator replay
     ledger.kernels = CudaKernels(ledger, workspace)
     ledger.set_phase("build")
+    with contextlib.ExitStack() as stack:
+        if follow is not None:
+            stack.enter_context(follow(ledger))
+        return _steps(build, setup, amp, ledger, device, held, flash)
+
+
+def _steps(build: Callable[[TensorLedger], Any], setup: TrainSetup, amp: Any, ledger: TensorLedger,
+           device: str, held: dict[str, Any], flash: bool) -> tuple[TensorLedger, StateBytes]:
+    from ..build import build_optimizer
+
     with ledger:
-        model = build(ledger)
+        held["model"] = model = build(ledger)
     ledger.adopt(list(model.parameters()) + list(model.buffers()))  # any the build did not create itself
     if setup.checkpointing:
         kwargs: dict[str, Any] = {"use_reentrant": False}
@@ -186,7 +200,8 @@ def simulate_step(build: Callable[[TensorLedger], Any], setup: TrainSetup,
         optimizer = quantized.AdamW8bit(params, lr=setup.lr, paged=setup.optimizer.startswith("paged"))
     else:
         optimizer = build_optimizer(model, setup)
-    ids = torch.zeros((setup.batch_size, setup.seq_len), dtype=torch.long, device="meta")
+    held["optimizer"] = optimizer
+    ids = torch.zeros((setup.batch_size, setup.seq_len), dtype=torch.long, device=device)
     batch = {"input_ids": ids, "labels": ids}
     tokens = setup.grad_accum * setup.batch_size * (setup.seq_len - 1)
     final = StateBytes(0, 0, 0)

@@ -1,0 +1,87 @@
+"""`estimate --gpus N --shard fsdp` simulated: FSDP2 under the fake process group on fake CPU tensors,
+checked against the sharding formulas and against a real fake-group run of the same tiny setup."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from trainmem import ModelSpec, TrainSetup
+from trainmem.estimator import estimate
+from trainmem.estimator.sharded import simulate_fsdp_rank
+from trainmem.estimator.sharding import rank_states
+from trainmem.runner import execute
+
+SPEC = ModelSpec.resolve("tiny-gpt-neox")
+# eager attention: the CPU run and the simulation take the same attention path (simulate would model
+# CUDA's flash kernel for sdpa, which the CPU does not run)
+BASE = dict(batch_size=2, seq_len=32, steps=2, num_samples=8, device="cpu", precision="fp32", shard="fsdp",
+            attention="eager")
+
+
+@pytest.mark.parametrize("world", [2, 8])
+def test_simulated_rank_states_equal_the_formulas(world):
+    pytest.importorskip("torch.distributed.fsdp")
+    _, final = simulate_fsdp_rank(SPEC, TrainSetup(gpus=world, **BASE), "fp32")
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        params = list(AutoModelForCausalLM.from_config(SPEC.hf_config()).parameters())
+    psi = sum(p.numel() for p in params)
+    assert all(p.shape[0] % world == 0 for p in params)  # no FSDP2 padding for this model
+    f = rank_states(4 * psi, 4 * psi, 8 * psi + 4 * len(params), psi, False, world, "fsdp", "none", 0, False,
+                    unsharded_optimizer=4 * len(params))
+    assert final.gradients == f.gradients == 4 * psi // world
+    assert final.optimizer == f.optimizer
+    assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize("world,kw", [(2, {}), (8, {}), (2, {"checkpointing": True})])
+def test_simulated_estimate_agrees_with_a_fake_group_cpu_run(world, kw):
+    setup = TrainSetup(gpus=world, **BASE, **kw)
+    b = estimate(SPEC, setup)  # auto: simulated for FSDP
+    assert b.method == "simulate" and any("rank 0 of" in n for n in b.notes)
+    r = execute(SPEC, setup.replace(rank=0))
+    assert r.status == "ok", r.error
+    for part in ("weights", "gradients", "optimizer", "activations"):
+        assert b.memory[part] == r.memory[part], part
+    # the simulation adds the two cuBLAS workspaces a CUDA run allocates (the CPU has none); the rest is
+    # within 64 bytes (the CPU run's few scalar tensors outside the model step, e.g. the token count)
+    gap = b.memory["peak_allocated"] - b.terms["cublas_workspace"] - r.memory["peak_allocated"]
+    assert abs(gap) <= 64, gap
+
+
+def test_simulated_lora_estimate_differs_from_the_cpu_run_by_the_dropout_masks_only():
+    setup = TrainSetup(gpus=2, peft="lora", **BASE)
+    b = estimate(SPEC, setup)
+    r = execute(SPEC, setup.replace(rank=0))
+    assert r.status == "ok", r.error
+    # LoRA's dropout on each adapted input: CUDA's fused kernel keeps a 1-byte mask, the CPU a 4-byte one
+    mask = 3 * setup.batch_size * setup.seq_len * SPEC.hf_config().hidden_size  # per adapted qkv input
+    gap = r.memory["activations"] - b.memory["activations"]
+    assert gap > 0 and gap % mask == 0, gap  # a whole number of masks live at the peak
+    assert abs(r.memory["peak_allocated"] + b.terms["cublas_workspace"] - b.memory["peak_allocated"] - gap) <= 64
+
+
+def test_two_estimates_in_one_process_leave_no_group_behind():
+    a = estimate(SPEC, TrainSetup(gpus=2, **BASE))
+    b = estimate(SPEC, TrainSetup(gpus=2, **BASE))
+    assert not dist.is_initialized()
+    assert a.memory == b.memory
+
+
+def test_zero_and_offload_stay_analytic_and_say_unvalidated():
+    b = estimate(SPEC, TrainSetup(gpus=2, **{**BASE, "shard": "zero3"}), "simulate")
+    assert b.method == "analytic" and any("unvalidated" in n for n in b.notes)
+    b = estimate(SPEC, TrainSetup(gpus=2, offload="optimizer", **BASE), "simulate")
+    assert b.method == "analytic"
+
+
+def test_analytic_fsdp_closed_form_is_checked_against_simulate():
+    # amp-bf16: FSDP2 gathers bf16 weights itself, so no autocast weight copies and half-size gathered units
+    setup = TrainSetup(gpus=2, batch_size=4, seq_len=256, precision="amp-bf16", shard="fsdp")
+    a, s = estimate("tiny-llama", setup, "analytic"), estimate("tiny-llama", setup, "simulate")
+    assert "autocast_weight_copies" not in a.terms and s.method == "simulate"
+    assert abs(a.memory["peak_allocated"] / s.memory["peak_allocated"] - 1) < 0.03
+    assert a.memory["optimizer"] == s.memory["optimizer"]  # sharded fp32 moments + whole step scalars
