@@ -41,9 +41,14 @@ def _cache(row: dict[str, Any]) -> float:
 
 
 def _outside(row: dict[str, Any]) -> float:
-    """device_used - peak_reserved on CUDA (a CPU run's device_used is its RSS: nothing to add)."""
-    m = row["memory"]
-    if row["setup"].get("device") != "cuda" or not m.get("device_used") or not m.get("peak_reserved"):
+    """What lies outside the allocator on the card the row is judged on: under `--gpu CARD` that card's
+    (a capped run's device_used is the host card's, other processes on it included), else device_used -
+    peak_reserved on CUDA (a CPU run's device_used is its RSS: nothing to add)."""
+    s, m = row["setup"], row["memory"]
+    card = find_gpu(s["gpu"]) if s.get("gpu") else None
+    if card is not None:
+        return card.overhead(s.get("attention", "sdpa"), s.get("precision", "fp16"), s.get("peft", "none")) / GiB
+    if s.get("device") != "cuda" or not m.get("device_used") or not m.get("peak_reserved"):
         return 0.0
     return max(0, m["device_used"] - m["peak_reserved"]) / GiB
 
@@ -75,9 +80,9 @@ def breakdown(rows: list[dict[str, Any]], path: Path, gpu: str | None = None) ->
     ax.set_xticks(list(x), [f"{label(r)}\n{'M' if r['kind'] == 'measurement' else 'E'}" for r in shown],
                   rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("GiB at the peak")
-    ax.set_title("Memory at the peak; the top of a bar is what fits or not (M = measured, E = estimated)")
+    ax.set_title("Memory at the peak\n(the top of a bar is what fits or not; M = measured, E = estimated)", fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.savefig(path)
+    fig.savefig(path, bbox_inches="tight")  # the legend sits outside the axes: keep it in the picture
     return path
 
 
