@@ -7,8 +7,6 @@ docs/data/validation-h200-2026-12-02.jsonl and docs/data/chapter-h200-2026-12-02
 
 from __future__ import annotations
 
-from ..gpus import CATALOG, FUSED_ATTENTION_KERNELS, H200_OVERHEAD
-
 MiB = 1024**2
 
 CUBLAS_WORKSPACE = 64 * MiB
@@ -25,30 +23,15 @@ docs/data/validation-isolated-h200-2026-12-03.jsonl): the caching allocator's ro
 blocks. Only the analytic method uses it (autocast and sharded setups); simulate replays its allocations
 through the allocator's policy (`allocator.py`)."""
 
-DEVICE_OVERHEAD = H200_OVERHEAD
-"""Device memory beyond the allocator's reservations at the peak (device_used - peak_reserved) in a fresh
-process: the CUDA context (527 MiB at start) plus the kernels loaded lazily (cuBLAS, bitsandbytes); 751
-MiB in each isolated validation run that used no flash-attention kernel, on the H200. The estimate uses
-the card's figure (`GPU.context`, derived from this one for the other cards: `gpus.derived_context`)."""
-
-FLASH_KERNELS = FUSED_ATTENTION_KERNELS
-"""What loading the flash-attention kernels adds to DEVICE_OVERHEAD: 767 MiB in every isolated run with
-SDPA over half-precision activations, 751 MiB with eager attention, fp32 or QLoRA (fp32 activations)."""
-
-
-def device_overhead(attention: str, precision: str, peft: str) -> int:
-    """DEVICE_OVERHEAD, plus the flash-attention kernels where SDPA runs on half-precision q, k, v."""
-    return CATALOG["H200"].overhead(attention, precision, peft)
-
-
 LOGITS_BACKWARD_BYTES = 8.4
 """Transient bytes per logit element (tokens x vocabulary) at the start of backward: the fp32 gradient
 of log-softmax and of its input; 8.26-8.57 measured across GPT-NeoX, Llama and Qwen2 (mean 8.4)."""
 
 
 VALIDATED_ON = {"torch": "2.11", "transformers": "5.17"}
-"""The releases the kernel model above (and simulate's stand-ins) was measured against: the 44 H200 runs of
-docs/estimate-validation.md, 2026-12-03. Other releases may change kernels, model code and the allocator."""
+"""The releases the kernel model above (and simulate's stand-ins) was measured against: the 86 H200 runs of
+docs/estimate-validation.md (in-sample and held-out sets), 2026-12-03; the memory outside the allocator
+lives with each card (`gpus.GPU.overhead`). Other releases may change kernels, model code and the allocator."""
 
 
 def versions() -> dict[str, str]:
