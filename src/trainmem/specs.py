@@ -123,6 +123,27 @@ PRESETS: dict[str, dict[str, Any]] = {
         max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
         hidden_act="silu", dtype="bfloat16",
     ),
+    "gemma-3-1b": dict(
+        model_type="gemma3_text", hidden_size=1152, num_hidden_layers=26, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=256, intermediate_size=6912, vocab_size=262144,
+        max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+        sliding_window=512, sliding_window_pattern=6, query_pre_attn_scalar=256,
+        hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, dtype="bfloat16",
+    ),
+    "phi-2": dict(
+        model_type="phi", hidden_size=2560, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=32, intermediate_size=10240, vocab_size=51200, max_position_embeddings=2048,
+        partial_rotary_factor=0.4, layer_norm_eps=1e-5, rope_theta=10000.0, qk_layernorm=False,
+        resid_pdrop=0.1, embd_pdrop=0.0, attention_dropout=0.0, hidden_act="gelu_new",
+        tie_word_embeddings=False, dtype="float16",
+    ),
+    "stablelm-2-1.6b": dict(
+        model_type="stablelm", hidden_size=2048, num_hidden_layers=24, num_attention_heads=32,
+        num_key_value_heads=32, intermediate_size=5632, vocab_size=100352, max_position_embeddings=4096,
+        partial_rotary_factor=0.25, layer_norm_eps=1e-5, rope_theta=10000.0, use_qkv_bias=True,
+        qk_layernorm=False, use_parallel_residual=False, hidden_act="silu", tie_word_embeddings=False,
+        dtype="float16",
+    ),
     # Tiny presets: the same architectures at toy size, for tests and for CPU runs in seconds.
     "tiny-gpt-neox": dict(
         model_type="gpt_neox", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,

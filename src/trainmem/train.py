@@ -78,9 +78,11 @@ class TrainLog:
     def throughput(self) -> dict[str, float | int | None]:
         times, toks = self.step_times[self.timed_from:], self.step_tokens[self.timed_from:]
         if not times:
-            return {"tokens_per_s": None, "step_time_s": None, "timed_steps": 0}
+            return {"tokens_per_s": None, "step_time_s": None, "step_time_median_s": None, "timed_steps": 0}
+        ordered = sorted(times)
+        median = (ordered[(len(ordered) - 1) // 2] + ordered[len(ordered) // 2]) / 2
         return {"tokens_per_s": sum(toks) / sum(times), "step_time_s": sum(times) / len(times),
-                "timed_steps": len(times)}
+                "step_time_median_s": median, "timed_steps": len(times)}
 
 
 def _sync(device: torch.device) -> None:
