@@ -53,7 +53,7 @@ def documented(file: str) -> list[dict]:
     out = []
     for i, line in enumerate(open(os.path.join(DOCS, "data", file))):
         r = json.loads(line)
-        setup = measured_program(trainmem.TrainSetup.from_dict(r["setup"]))
+        setup = measured_program(trainmem.TrainSetup.from_dict(r["setup"]), r.get("env"))
         row = {"file": file, "row": i, "model": r["model"]["name"], "setup": setup.to_dict(), "versions": VERSIONS}
         methods = ["analytic"] + (["simulate"] if r["model"]["name"] in SIMULATED and setup.seq_len <= 1024 else [])
         for method in methods:

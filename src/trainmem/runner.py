@@ -126,8 +126,8 @@ def measure(spec: ModelSpec, setup: TrainSetup, device: str, precision: str, bat
     card = find_gpu(setup.gpu) if device == "cuda" and setup.gpu else None
     emulated = emulation.prepare(card) if card is not None else None
     reader = CudaReader(dev) if device == "cuda" else LedgerReader(ledger)
-    if device == "cuda" and cap is not None:
-        reader.cap(cap)
+    if device == "cuda":  # uncapped too: an earlier capped run in this process must not cap this one
+        reader.cap(cap if cap is not None else reader.total)
     resolved = setup.replace(device=device, precision=precision).to_dict()
     result = Result(kind="measurement", status="ok", setup=resolved, model=spec.describe(),
                     effective_batch=setup.effective_batch, env={**environment(device, reader), **(env or {})})

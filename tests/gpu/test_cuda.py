@@ -74,3 +74,12 @@ def test_gpu_flag_emulates_the_cards_workspace_and_kernels():
                                       precision="fp16", gpu="T4"))
     assert r.status == "ok", r.error
     assert r.env["emulated"]["card"] == "T4" and r.env["emulated"]["cublas_workspace_config"] == ":4096:2:16:8"
+
+
+def test_a_capped_run_does_not_cap_the_next_one_in_the_process():
+    # the allocator fraction is per process: an uncapped run after a capped one must get the whole card
+    # (the fake-group tests ran out of memory after the cap test in one pytest process before this was set)
+    assert measure(memory_cap=8 * 2**20).status == "oom"
+    r = measure()
+    assert r.status == "ok", r.error
+    assert r.memory["peak_reserved"] > 8 * 2**20
