@@ -20,8 +20,8 @@ from .runner import run
 from .setup import TrainSetup, from_training_arguments
 from .specs import PRESETS, ModelSpec
 from .verify import verify_accumulation
+from .version import __version__
 
-__version__ = "0.1.0"
 __all__ = ["ModelSpec", "TrainSetup", "Result", "SetupError", "run", "estimate", "Breakdown", "gpu_memory_experiment",
            "from_training_arguments", "GPU", "GPUS", "find_gpu", "PRESETS", "verify_accumulation"]
 

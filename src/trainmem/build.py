@@ -81,7 +81,9 @@ def environment_problems(setup: TrainSetup, device: str, precision: str) -> list
     return out
 
 
-def _lora_config(setup: TrainSetup) -> Any:
+def lora_config(setup: TrainSetup) -> Any:
+    """The peft `LoraConfig` of a setup: one place, so that the run, the estimator's meta model and the
+    QLoRA simulation adapt exactly the same modules."""
     from peft import LoraConfig
 
     # peft takes the string "all-linear" (every Linear but the output head), not a list holding it
@@ -139,7 +141,7 @@ def build_model(spec: ModelSpec, setup: TrainSetup, device: str, precision: str)
     if setup.peft in ("lora", "qlora"):
         from peft import get_peft_model
 
-        model = get_peft_model(model, _lora_config(setup))
+        model = get_peft_model(model, lora_config(setup))
     model.train()
     return model
 

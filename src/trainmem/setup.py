@@ -22,6 +22,10 @@ LABELS = ("random", "copy")
 DATA_MODES = ("pad", "pack")
 DEVICES = ("auto", "cuda", "cpu")
 ENGINES = ("loop", "trainer")
+ESTIMATORS = ("auto", "analytic", "simulate")
+"""How `trainmem.estimate` predicts (defined here, torch-free, so that the CLI's help needs no estimator)."""
+SHARDS = ("none", "ddp", "zero1", "zero2", "zero3", "fsdp")
+OFFLOADS = ("none", "optimizer", "params")
 # TrainSetup optimizer -> TrainingArguments.optim (Trainer builds the same torch/bitsandbytes classes)
 TRAINER_OPTIMS = {"adamw": "adamw_torch", "adamw-fused": "adamw_torch_fused", "sgd": "sgd",
                   "adafactor": "adafactor", "adamw-8bit": "adamw_bnb_8bit", "paged-adamw-8bit": "paged_adamw_8bit"}
@@ -188,8 +192,6 @@ class TrainSetup:
         choice("data-mode", self.data_mode, DATA_MODES)
         choice("device", self.device, DEVICES)
         choice("engine", self.engine, ENGINES)
-        from .estimator.sharding import OFFLOADS, SHARDS
-
         choice("shard", self.shard, SHARDS)
         choice("offload", self.offload, OFFLOADS)
         if not isinstance(self.gpus, int) or self.gpus < 1:
@@ -267,11 +269,22 @@ class TrainSetup:
 
     def validate(self, spec: Any = None) -> TrainSetup:
         """Raise one SetupError listing every problem; else return this setup, with `spec` given resolved
-        for it (`resolved`)."""
+        for it (`resolved`).
+
+        Validating is done once: the setup returned remembers the spec it was checked against, so the
+        next entry point it passes through (the CLI, then `run`, then `estimate`) does not check it
+        again. The mark is not a field: `replace` makes a new setup, which is checked anew.
+        """
+        if spec is not None and getattr(self, "_checked_for", None) is spec:
+            return self
         found = self.problems(spec)
         if found:
             raise SetupError(found)
-        return self if spec is None else self.resolved(spec)
+        if spec is None:
+            return self
+        checked = self.resolved(spec)
+        checked._checked_for = spec
+        return checked
 
     def resolved(self, spec: Any) -> TrainSetup:
         """This setup with `attention: auto` made the kernel transformers picks for `spec`'s model."""
