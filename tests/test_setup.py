@@ -1,7 +1,7 @@
 import pytest
 
 from trainmem import ModelSpec, SetupError, TrainSetup, find_gpu
-from trainmem.cli.options import parse_bytes
+from trainmem.sources import parse_bytes
 
 
 def test_defaults_mirror_the_seed():

@@ -238,6 +238,13 @@ def gpu_problem(name: str) -> str | None:
     return f"--gpu: unknown card {name!r}; known: {', '.join(CATALOG)} (or cap by bytes with --memory-cap)"
 
 
+def margin_problem(margin: float) -> str | None:
+    """The headroom kept free on a card is a fraction of its capacity, in [0, 1): else the problem."""
+    if 0 <= margin < 1:
+        return None
+    return f"--margin: expected a fraction in [0, 1), got {margin!r}"
+
+
 def this_card() -> str | None:
     """The catalog name of this machine's first CUDA card, so that `--gpu` left out means "this card";
     None without CUDA. A card the catalog does not name (or names under another capacity, e.g. an

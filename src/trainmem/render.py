@@ -93,3 +93,24 @@ def print_result(r: Result, console: Console | None = None, phases: bool = False
     console = console or Console()
     for item in result_tables(r, phases):
         console.print(item)
+
+
+def print_max_batch(a: dict[str, Any], target: int | None, console: Console | None = None) -> None:
+    """`trainmem max-batch`'s answer in words: the batch, how it was confirmed, the power-of-two cost."""
+    console = console or Console()
+    if not a["batch"]:
+        console.print(f"[red]Not even batch 1 fits {a['model']} on the {a['gpu']}[/red] (margin {a['margin']:.0%}); "
+                      "`trainmem estimate --batch-size 1 --gpu ...` says what to cut first.")
+        return
+    tried = ", ".join(f"{b} {'fits' if ok else 'does not'}" for b, ok in a["tried"])
+    how = (f"confirmed with {a['trials']} real runs ({tried})" if a["confirmed"] else
+           f"from the estimate ({a['estimates']} estimates; no CUDA device here, so no real run)")
+    console.print(f"Largest micro-batch for {a['model']} on the {a['gpu']}: [bold]{a['batch']}[/bold], {how}.",
+                  highlight=False)
+    console.print(f"A power-of-two search (1, 2, 4, ...) would take {a['power_of_two_trials']} real runs and find "
+                  f"{a['power_of_two']}.", highlight=False)
+    if target:
+        micro, accum = a["micro_batch"], a["grad_accum"]
+        why = "" if micro == min(a["batch"], target) else (
+            f" ({a['batch']} does not divide {target}: {micro} is the largest micro-batch below it that does)")
+        console.print(f"Effective batch {target}: --batch-size {micro} --grad-accum {accum}{why}.", highlight=False)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 SCHEMA = "trainmem.result/1"
@@ -19,7 +20,22 @@ STATUSES = ("ok", "oom", "error", "skipped")
 
 
 def empty_memory() -> dict[str, int]:
+    """Every memory key at zero: the composition of a run that died before it measured anything."""
     return {k: 0 for k in MEMORY_KEYS}
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """The result rows of a JSONL file, as dicts; lines cut short by a killed sweep, and lines that are
+    not trainmem result rows, are left out. The one reader of result files (report, sweep's resume)."""
+    rows = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and str(row.get("schema", "")).startswith("trainmem.result/"):
+            rows.append(row)
+    return rows
 
 
 @dataclass
