@@ -46,15 +46,21 @@ class TrainSetup:
     peft: str = "none"
     """`none` (full fine-tuning), `lora`, or `qlora` (NF4 base weights via bitsandbytes + LoRA)."""
     lora_r: int = 8
+    """LoRA rank: each adapted layer gets two matrices of rank r (the seed: 8); adapter bytes grow with r."""
     lora_alpha: int = 32
+    """LoRA scaling numerator (the update is scaled by alpha / r); no effect on memory."""
     lora_dropout: float = 0.05
+    """Dropout on the adapters' input; its output and mask are kept for backward (activation memory)."""
     lora_targets: list[str] | None = None
     """Module names to adapt; None lets peft choose per architecture (query_key_value for GPT-NeoX)."""
     precision: str = "auto"
     """`auto` = the checkpoint's dtype on CUDA (the seed's torch_dtype="auto"), fp32 on CPU;
     fp16/bf16 = half weights, no autocast; amp-* = fp32 weights under autocast (GradScaler for fp16)."""
     optimizer: str = "adamw"
+    """`adamw` (torch, foreach), `adamw-fused`, `adamw-8bit` / `paged-adamw-8bit` (bitsandbytes), `sgd` or
+    `adafactor`: what the optimizer keeps per trainable parameter and what its step allocates."""
     lr: float = 1e-4
+    """Learning rate; no effect on memory, recorded so that the run can be reproduced (see `lr_batch`)."""
     lr_batch: int | None = None
     """The effective batch `lr` was tuned for. When it differs from this setup's effective batch the run
     says so and suggests the linearly scaled rate, instead of silently reusing `lr`."""
@@ -72,12 +78,16 @@ class TrainSetup:
     data_mode: str = "pad"
     """How `data` becomes batches: `pad` (attention mask, labels -100 on pads) or `pack`."""
     device: str = "auto"
+    """`auto` (CUDA where visible, else the CPU), `cuda` or `cpu`: where `run` trains. Estimates are
+    always for a CUDA GPU."""
     gpu: str | None = None
     """Cap usable memory to this card's (see `trainmem.gpus.CATALOG`)."""
     memory_cap: int | None = None
     """Cap usable memory to this many bytes (on CPU the tensor ledger enforces it)."""
     seed: int = 0
+    """Seed of the random weights (presets and configs have none) and of the dummy data."""
     engine: str = "loop"
+    """Who trains: `loop` (trainmem's own loop) or `trainer` (transformers.Trainer + MemoryCallback)."""
     gpus: int = 1
     """Data-parallel GPUs: estimated; run as CPU processes over gloo, or one rank through the fake group (`rank`)."""
     shard: str = "none"
@@ -87,7 +97,6 @@ class TrainSetup:
     rank: int | str | None = None
     """Run: emulate this rank (0..gpus-1, or `all` in turn) of the `gpus`-rank FSDP2 run in one process
     through PyTorch's fake process group (see `trainmem.fake_group`)."""
-    """Who trains: `loop` (trainmem's own loop) or `trainer` (transformers.Trainer + MemoryCallback)."""
 
     # --- derived ----------------------------------------------------------------------------
     @property
@@ -233,6 +242,8 @@ class TrainSetup:
         if card is not None and self.precision == "auto" and self.device != "cpu" and spec.stored_dtype == "bfloat16":
             out += [p.replace("--precision bf16", f"--precision auto (the {spec.name} checkpoint is bf16)")
                     for p in _card_problems(card, "bf16")]
+        if self.peft in ("lora", "qlora") and self.lora_targets and self.lora_targets != ["all-linear"]:
+            out += _target_problems(spec, self.lora_targets)
         if self.peft in ("lora", "qlora") and not self.lora_targets:
             from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as defaults
 
@@ -289,6 +300,25 @@ class TrainSetup:
     def resolved(self, spec: Any) -> TrainSetup:
         """This setup with `attention: auto` made the kernel transformers picks for `spec`'s model."""
         return self.replace(attention=spec.attentions[0]) if self.attention == "auto" else self
+
+
+ADAPTABLE = ("Linear", "Conv1D", "Embedding", "Conv1d", "Conv2d", "Conv3d", "MultiheadAttention")
+"""Module classes peft's LoRA can adapt (transformers' GPT-2 style Conv1D included)."""
+
+
+def _target_problems(spec: Any, targets: list[str]) -> list[str]:
+    """`--lora-targets` that name no adaptable module of the model, found from its config before anything is
+    built. peft matches a target against a module's whole name or its last dotted parts."""
+    modules = spec.modules
+    adaptable = sorted({n.rsplit(".", 1)[-1] for n, cls in modules.items() if cls in ADAPTABLE and n})
+    missing = [t for t in targets
+               if not any((n == t or n.endswith("." + t)) and cls in ADAPTABLE for n, cls in modules.items())]
+    if not missing:
+        return []
+    none_left = len(missing) == len(targets)
+    return [f"--lora-targets: {spec.name} has no adaptable module named {', '.join(map(repr, missing))}"
+            + ("; the model would have no trainable parameters" if none_left else "")
+            + f"; its layers that LoRA can adapt: {', '.join(adaptable)} (or all-linear)"]
 
 
 def _card_problems(card: Any, precision: str) -> list[str]:

@@ -307,14 +307,25 @@ class ModelSpec:
         return CONFIG_MAPPING[self.model_type](**fields)
 
     @cached_property
-    def parameter_count(self) -> int:
-        """Parameters as `model.parameters()` counts them (tied embeddings once), from a meta-device model."""
+    def _meta(self) -> tuple[int, dict[str, str]]:
+        """One meta-device model (no memory, no init), read for its parameter count and its modules."""
         import torch
         from transformers import AutoModelForCausalLM
 
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(self.hf_config())
-        return sum(p.numel() for p in model.parameters())
+        return sum(p.numel() for p in model.parameters()), {n: type(m).__name__ for n, m in model.named_modules()}
+
+    @property
+    def parameter_count(self) -> int:
+        """Parameters as `model.parameters()` counts them (tied embeddings once), from a meta-device model."""
+        return self._meta[0]
+
+    @property
+    def modules(self) -> dict[str, str]:
+        """Every module's qualified name -> its class name, from a meta-device model: what `--lora-targets`
+        can name, known before anything is built."""
+        return self._meta[1]
 
     @property
     def model_class(self) -> type | None:
