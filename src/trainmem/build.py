@@ -24,6 +24,7 @@ AUTOCAST_DTYPES = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}
 
 
 def has_bitsandbytes() -> bool:
+    """Whether bitsandbytes is importable: QLoRA and the 8-bit optimizers need it, and it is an optional extra."""
     return importlib.util.find_spec("bitsandbytes") is not None
 
 

@@ -73,6 +73,8 @@ _DEFAULT_CAPACITY_SOURCE = "total capacity in PyTorch OOM messages reported by u
 
 @dataclass(frozen=True)
 class GPU:
+    """A card as the estimate and the verdict see it: capacity, memory outside the allocator, cuBLAS workspace,
+    attention kernels, each with its source."""
     name: str
     capacity: int
     """Bytes PyTorch reports as the card's total memory."""
@@ -103,6 +105,7 @@ class GPU:
 
     @property
     def architecture(self) -> str:
+        """The architecture's name for the compute capability (Turing, Ampere, Hopper, ...), for messages."""
         return "Turing" if self.sm == (7, 5) else "Ada" if self.sm == (8, 9) else ARCHITECTURES[self.sm[0]]
 
     @property

@@ -52,6 +52,7 @@ class Oracle:
 
     @property
     def trials(self) -> int:
+        """How many distinct batches were asked about: for real runs, what the search cost."""
         return len(self.tried)
 
 

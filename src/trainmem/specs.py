@@ -292,10 +292,12 @@ class ModelSpec:
     # --- derived facts ----------------------------------------------------------------------------
     @property
     def model_type(self) -> str:
+        """The config's `model_type` (gpt_neox, llama, ...): what picks the transformers class."""
         return str(self.config["model_type"])
 
     @property
     def has_weights(self) -> bool:
+        """Whether a local folder holds real weights; else the model is built with random ones."""
         return self.path is not None and self.source in ("dir", "cache")
 
     def hf_config(self, **overrides: Any):
@@ -347,11 +349,13 @@ class ModelSpec:
 
     @property
     def max_positions(self) -> int | None:
+        """The longest sequence the config allows, None where it names none."""
         cfg = self.hf_config()
         return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
 
     @property
     def vocab_size(self) -> int:
+        """Tokens in the vocabulary: the dummy data's ids and the logits' width."""
         return int(self.hf_config().vocab_size)
 
     @property
@@ -361,6 +365,7 @@ class ModelSpec:
         return str(dtype).replace("torch.", "")
 
     def describe(self) -> dict[str, Any]:
+        """What a row records about the model: name, source, type, path, parameter count."""
         return {"name": self.name, "source": self.source, "model_type": self.model_type,
                 "path": self.path, "parameters": self.parameter_count}
 

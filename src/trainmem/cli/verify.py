@@ -35,6 +35,7 @@ def register(p: argparse.ArgumentParser) -> None:
 
 
 def print_report(r: VerifyReport, console: Console) -> None:
+    """The accumulation check in words: per group, trainmem's error next to the naive rule's, then the verdict."""
     console.print(f"[bold]{r.model.get('name')}[/bold]  {r.setup.get('peft')}, {r.dtype}, full batch "
                   f"{r.full_batch} = {r.micro_batches} micro-batches of {r.micro_batch} "
                   f"(label tokens {', '.join(map(str, r.label_tokens))})")

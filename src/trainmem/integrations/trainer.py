@@ -216,7 +216,7 @@ class MemoryCallback(TrainerCallback):
         self.spec = self.spec or spec_of(model)
         trainable, total = trainable_parameters(model)
         log = self.log
-        log.timed_from = min(self.probe_steps, len(log.step_times) - 1) if len(log.step_times) > self.probe_steps else 0
+        log.time_after_probes(self.probe_steps, len(log.step_times))
         result = core.new_result(self.spec, self.setup, core.environment(self.device.type, self.reader))
         result.model.update(trainable_parameters=trainable, loaded_parameters=total,
                             attention=getattr(model.config, "_attn_implementation", None))
