@@ -1,7 +1,9 @@
 """The result object: one row per experiment, the same schema for measurements and estimates.
 
-`memory` is the composition at the peak: `weights + gradients + optimizer + activations + other ==
-peak_allocated`, each the bytes of that kind live at the moment of the peak. `model_states` holds the
+`memory` is the composition at the peak, each part the bytes of that kind live at the moment of the peak.
+`weights + gradients + optimizer + activations + other == peak_allocated` on the CPU (the ledger's peak), and
+on CUDA while the parts live in PyTorch's allocator: paged 8-bit AdamW's states live in CUDA managed memory,
+counted in `optimizer` but not in the allocator's `peak_allocated`, so there the parts can exceed it. `model_states` holds the
 seed's figures, the sizes of weights, gradients and optimizer states after an optimizer step (always
 defined: zero where a run died before they existed). All sizes are bytes.
 """
@@ -40,6 +42,7 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
 
 @dataclass
 class Result:
+    """One experiment's row, measured or estimated: the same schema for both so that they sit side by side."""
     kind: str
     """`measurement` (trainmem run) or `estimate`."""
     status: str
@@ -72,13 +75,16 @@ class Result:
     schema: str = SCHEMA
 
     def to_dict(self) -> dict[str, Any]:
+        """The row as plain data (what the JSONL line holds)."""
         return asdict(self)
 
     def to_json(self) -> str:
+        """The row as one JSON line; NaN losses are kept (pure fp16 overflows)."""
         return json.dumps(self.to_dict(), allow_nan=True)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Result:
+        """A row read back; refuses a row of another schema rather than misreading it."""
         if d.get("schema") != SCHEMA:
             raise ValueError(f"not a {SCHEMA} row: schema={d.get('schema')!r}")
         return cls(**d)

@@ -81,7 +81,9 @@ class TrainSetup:
     """`auto` (CUDA where visible, else the CPU), `cuda` or `cpu`: where `run` trains. Estimates are
     always for a CUDA GPU."""
     gpu: str | None = None
-    """Cap usable memory to this card's (see `trainmem.gpus.CATALOG`)."""
+    """The card to judge against (see `trainmem.gpus.CATALOG`). `run` emulates it on a bigger card: the
+    allocator capped at its usable memory and, with CUDA, its cuBLAS workspace and SDPA kernels
+    (`trainmem.emulation`); the host's context and timings stay the host's."""
     memory_cap: int | None = None
     """Cap usable memory to this many bytes (on CPU the tensor ledger enforces it)."""
     seed: int = 0
@@ -113,6 +115,7 @@ class TrainSetup:
                 f"{self.effective_batch}; the linear scaling rule suggests --lr {scaled:.3g}")
 
     def resolved_device(self) -> str:
+        """`auto` becomes `cuda` where a CUDA device is visible, else `cpu`."""
         if self.device != "auto":
             return self.device
         import torch
@@ -134,13 +137,16 @@ class TrainSetup:
         return min(caps) if caps else None
 
     def replace(self, **changes: Any) -> TrainSetup:
+        """A copy with `changes`; unvalidated again (see `validate`)."""
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field, as the row's `setup` and the worker's job record it."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainSetup:
+        """A setup from its fields; an unknown field is a SetupError, not silently dropped."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:

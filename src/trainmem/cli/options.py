@@ -36,7 +36,8 @@ SETUP_FLAGS: dict[str, tuple[str, str]] = {
     "--data": ("data", "local .txt or .jsonl file to train on instead of dummy data"),
     "--data-mode": ("data_mode", "pad | pack (for --data)"),
     "--device": ("device", "auto | cuda | cpu"),
-    "--gpu": ("gpu", "cap memory to this card's usable memory (T4, A100-40GB, H100-80GB, ...)"),
+    "--gpu": ("gpu", "the card to fit (T4, A100-40GB, H100-80GB, ...); run emulates it: memory capped at its usable memory, "
+             "its cuBLAS workspace and SDPA kernels (the host's context and timings stay the host's)"),
     "--memory-cap": ("memory_cap", "cap memory to this many bytes (e.g. 12GiB)"),
     "--seed": ("seed", "random seed (default 0)"),
     "--gpus": ("gpus", "data-parallel GPUs (default 1; run: CPU processes over gloo with --device cpu, or one rank with --rank)"),
@@ -67,6 +68,8 @@ def add_setup_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_margin(p: argparse.ArgumentParser) -> None:
+    """`--margin`: the headroom kept free on the card, as text (converted by `margin`, so a bad one is reported
+    with the rest)."""
     p.add_argument("--margin", default="0.02", help="headroom kept free on the card, a fraction of its capacity (default 0.02)")
 
 
@@ -102,6 +105,7 @@ def margin(args: argparse.Namespace, problems: list[str]) -> float:
 
 
 def choice(flag: str, value: str, allowed: tuple[str, ...], problems: list[str]) -> None:
+    """Add a problem naming `flag` when `value` is not one of `allowed`."""
     if value not in allowed:
         problems.append(f"{flag}: {value!r} is not one of {', '.join(allowed)}")
 
