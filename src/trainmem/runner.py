@@ -3,8 +3,9 @@
 `run()` starts `python -m trainmem.worker` for each experiment by default, so no memory from an earlier
 experiment leaks into the next one (the seed's QLoRA run started with 0.945 GB left over from a previous
 cell) and a crash cannot take the caller down. The worker runs `engines.execute_validated`; with
-`isolate=False`, `engines.execute` runs here instead. This module imports no torch: the parent of an
-isolated run stays light and holds no CUDA context of its own next to the one it measures.
+`isolate=False`, `engines.execute` runs here instead (`trainmem.runner.execute` is that function). This
+module imports no torch: the parent of an isolated run stays light and holds no CUDA context of its own
+next to the one it measures.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 
+from .engines import execute
 from .errors import SetupError
 from .job import to_job
 from .result import Result
@@ -37,8 +39,6 @@ def run(spec: ModelSpec | str, setup: TrainSetup | None = None, isolate: bool = 
     spec = ModelSpec.resolve(spec) if isinstance(spec, str) else spec
     setup = (setup or TrainSetup()).validate(spec)
     if not isolate:
-        from .engines import execute
-
         return execute(spec, setup)
     with tempfile.TemporaryDirectory(prefix="trainmem-") as tmp:
         job, out = os.path.join(tmp, "job.json"), os.path.join(tmp, "result.json")
