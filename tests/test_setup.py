@@ -118,3 +118,12 @@ def test_every_setup_field_has_a_docstring():
     assert documented == {f.name for f in dataclasses.fields(TrainSetup)}
     strays = [b.lineno for a, b in zip(cls.body, cls.body[1:]) if isinstance(a, ast.Expr) and isinstance(b, ast.Expr)]
     assert strays == []  # no docstring stranded under another field's
+
+
+def test_in_process_this_machines_problems_come_with_the_setups():
+    from trainmem.engines import execute
+
+    with pytest.raises(SetupError) as e:
+        execute(ModelSpec.resolve("tiny-gpt-neox"), TrainSetup(batch_size=0, peft="qlora", device="cpu"))
+    assert e.value.problems[0].startswith("--batch-size")
+    assert any("4-bit NF4 training runs on CUDA only" in p for p in e.value.problems)

@@ -19,10 +19,26 @@ from .specs import ModelSpec
 def execute(spec: ModelSpec, setup: TrainSetup) -> Result:
     """Validate the setup against the model (a no-op when it already was) and run it in this process.
 
-    Raises SetupError for bad input (every problem at once), returns a Result otherwise (`oom` and
-    `error` included).
+    Raises SetupError for bad input (every problem at once, this machine's with the setup's), returns a
+    Result otherwise (`oom` and `error` included).
     """
-    return execute_validated(spec, setup.validate(spec))
+    try:
+        checked = setup.validate(spec)
+    except SetupError as e:
+        raise SetupError(e.problems + _machine_problems(spec, setup)) from None
+    return execute_validated(spec, checked)
+
+
+def _machine_problems(spec: ModelSpec, setup: TrainSetup) -> list[str]:
+    """This machine's problems with a setup that has problems of its own, where they can be told apart
+    (a field of the wrong type leaves them to the next try)."""
+    from .build import environment_problems
+
+    try:
+        device = setup.resolved_device()
+        return environment_problems(setup, device, setup.resolved_precision(spec, device))
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return []
 
 
 def execute_validated(spec: ModelSpec, setup: TrainSetup) -> Result:

@@ -104,12 +104,6 @@ def margin(args: argparse.Namespace, problems: list[str]) -> float:
     return value
 
 
-def choice(flag: str, value: str, allowed: tuple[str, ...], problems: list[str]) -> None:
-    """Add a problem naming `flag` when `value` is not one of `allowed`."""
-    if value not in allowed:
-        problems.append(f"{flag}: {value!r} is not one of {', '.join(allowed)}")
-
-
 def setup_from_args(args: argparse.Namespace, problems: list[str] | None = None) -> tuple[ModelSpec, TrainSetup]:
     """Spec and validated setup from parsed flags; raises one SetupError with every problem, `problems`
     (the command's own options) included."""
