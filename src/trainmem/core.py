@@ -164,10 +164,11 @@ def measure(spec: ModelSpec, setup: TrainSetup, device: str, precision: str, bat
     def live_state() -> StateBytes:
         return StateBytes(0, 0, 0) if held["model"] is None else state_bytes(held["model"], held["optimizer"])
 
-    ledger, reader = readers(dev, live_state, setup.cap_bytes())
-    # with CUDA, --gpu CARD runs that card's program (workspaces, SDPA kernels), not only its capacity
+    # with CUDA, --gpu CARD runs that card's program (workspaces, SDPA kernels), not only its capacity;
+    # its cuBLAS workspace is set before CUDA starts here
     card = find_gpu(setup.gpu) if device == "cuda" and setup.gpu else None
     emulated = emulation.prepare(card) if card is not None else None
+    ledger, reader = readers(dev, live_state, setup.cap_bytes())
     result = new_result(spec, setup.replace(device=device, precision=precision),
                         {**environment(device, reader), **(env or {})})
     probe = Probe(reader, ledger, model=None)  # type: ignore[arg-type]
