@@ -36,7 +36,7 @@ def main(out_dir: str, indices: list[str]) -> int:
     import torch
 
     import trainmem
-    from trainmem.runner import execute
+    from trainmem.engines import execute
 
     os.makedirs(out_dir, exist_ok=True)
     traces = []

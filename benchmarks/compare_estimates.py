@@ -14,13 +14,13 @@ the 16-bytes-per-parameter rule, as relative errors of `peak_allocated` against
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 
 import trainmem
 from trainmem.gpus import find_gpu
+from trainmem.result import read_rows
 from trainmem.estimator import estimate
 
 GiB = 2**30
@@ -42,7 +42,7 @@ def measured_program(s: trainmem.TrainSetup, env: dict | None = None) -> trainme
 
 def compare(path: str, out: str | None = None, keep: list | None = None) -> int:
     """Print (and with `out`, write) the error table of `path`; `keep` collects (row, {method: Breakdown})."""
-    rows = [json.loads(l) for l in open(path)]
+    rows = read_rows(path)
     table, errs = [], {"analytic": [], "simulate": [], "auto": [], "device": [], "accelerate": [], "16B": [],
                        "reserved": [], "reserved (replay)": [], "reserved (ratio)": [],
                        "device (replay)": [], "device (ratio)": []}

@@ -26,6 +26,7 @@ import transformers
 import trainmem
 from trainmem.estimator import estimate
 from trainmem.report import write_report
+from trainmem.result import read_rows
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare_estimates import measured_program  # noqa: E402
@@ -51,8 +52,7 @@ def documented(file: str) -> list[dict]:
     """The figures docs/ shows for each validation row, for tests/test_documented.py: analytic for every
     row (milliseconds), simulate for SIMULATED's rows."""
     out = []
-    for i, line in enumerate(open(os.path.join(DOCS, "data", file))):
-        r = json.loads(line)
+    for i, r in enumerate(read_rows(os.path.join(DOCS, "data", file))):
         setup = measured_program(trainmem.TrainSetup.from_dict(r["setup"]), r.get("env"))
         row = {"file": file, "row": i, "model": r["model"]["name"], "setup": setup.to_dict(), "versions": VERSIONS}
         methods = ["analytic"] + (["simulate"] if r["model"]["name"] in SIMULATED and setup.seq_len <= 1024 else [])
@@ -65,7 +65,7 @@ def documented(file: str) -> list[dict]:
 
 def report(name: str, source: str, gpu: str) -> None:
     """The report page over `source`'s measured rows, each followed by its estimate made now."""
-    rows = [json.loads(line) for line in open(os.path.join(DOCS, "data", source))]
+    rows = read_rows(os.path.join(DOCS, "data", source))
     fresh = []
     for r in rows:
         if r["kind"] != "measurement":

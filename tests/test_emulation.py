@@ -5,7 +5,7 @@ from __future__ import annotations
 from trainmem import ModelSpec, TrainSetup
 from trainmem.emulation import prepare, workspace_bytes, workspace_config
 from trainmem.gpus import find_gpu
-from trainmem.runner import execute
+from trainmem.engines import execute
 
 
 def test_workspace_config_is_pytorchs_default_for_the_card():

@@ -10,7 +10,7 @@ import pytest
 
 from trainmem import ModelSpec, SetupError, TrainSetup, estimate
 from trainmem.estimator import analytic, states
-from trainmem.runner import execute
+from trainmem.engines import execute
 
 TINY = dict(batch_size=2, seq_len=32, steps=2, num_samples=8, device="cpu")
 

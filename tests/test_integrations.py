@@ -14,7 +14,7 @@ from trainmem.integrations import MemoryCallback
 from trainmem.integrations.trainer import _Samples
 from trainmem.measure import state_bytes
 from trainmem.result import MEMORY_KEYS, SCHEMA
-from trainmem.runner import execute
+from trainmem.engines import execute
 
 SPEC = ModelSpec.resolve("tiny-gpt-neox")
 SETUP = TrainSetup(batch_size=2, seq_len=32, steps=3, num_samples=16, device="cpu")

@@ -89,6 +89,10 @@ def test_command_answers_from_the_estimate_without_a_gpu():
     assert (answer["micro_batch"], answer["grad_accum"]) == (24, 1)
     text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     assert "no CUDA device here" in text and "power-of-two search" in text
+    from trainmem import load_setup, max_batch
+
+    spec, setup = load_setup("tiny-gpt-neox", {"seq_len": 64, "gpu": "T4"})
+    assert max_batch(spec, setup, target=24) == answer  # the library answers as the command does
 
 
 def test_command_needs_a_card():

@@ -1,7 +1,9 @@
+import dataclasses
+
 import pytest
 
 from trainmem import ModelSpec, SetupError, TrainSetup, find_gpu
-from trainmem.cli.options import parse_bytes
+from trainmem.sources import parse_bytes
 
 
 def test_defaults_mirror_the_seed():
@@ -78,3 +80,50 @@ def test_lr_tuned_for_another_effective_batch_is_not_silently_reused():
     note = TrainSetup(batch_size=4, grad_accum=2, lr=1e-4, lr_batch=16).lr_note()
     assert "tuned for an effective batch of 16, this setup's is 8" in note and "--lr 5e-05" in note
     assert "--lr-batch" in TrainSetup(lr_batch=0).problems()[0]
+
+
+def test_what_the_model_config_rules_out_is_found_before_building_and_with_the_rest():
+    spec = ModelSpec.resolve("tiny-gpt-neox")
+    with pytest.raises(SetupError) as e:
+        TrainSetup(peft="lora", lora_targets=["q_proj"], precision="bf16", gpu="T4", batch_size=0).validate(spec)
+    [targets] = [p for p in e.value.problems if p.startswith("--lora-targets")]
+    assert "no adaptable module named 'q_proj'; the model would have no trainable parameters" in targets
+    assert "query_key_value" in targets  # the fix: what it can adapt
+    assert any(p.startswith("--precision bf16: the T4") for p in e.value.problems)
+    assert any(p.startswith("--batch-size") for p in e.value.problems) and len(e.value.problems) == 3
+    assert TrainSetup(peft="lora", lora_targets=["query_key_value", "dense"]).problems(spec) == []
+
+
+def test_a_setup_is_validated_once_on_its_way_from_the_flags_to_the_row(monkeypatch, capsys):
+    from trainmem.cli import main
+
+    calls = []
+    checked = TrainSetup.problems
+    monkeypatch.setattr(TrainSetup, "problems", lambda self, spec=None: calls.append(spec) or checked(self, spec))
+    assert main(["run", "--model", "tiny-gpt-neox", "--device", "cpu", "--seq-len", "8", "--batch-size", "1",
+                 "--steps", "1", "--num-samples", "1", "--no-isolate", "--json"]) == 0
+    assert '"status": "ok"' in capsys.readouterr().out
+    assert len(calls) == 1
+
+
+def test_every_setup_field_has_a_docstring():
+    import ast
+    import inspect
+
+    from trainmem import setup
+
+    [cls] = [n for n in ast.parse(inspect.getsource(setup)).body if getattr(n, "name", "") == "TrainSetup"]
+    documented = {a.target.id for a, b in zip(cls.body, cls.body[1:])
+                  if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)}
+    assert documented == {f.name for f in dataclasses.fields(TrainSetup)}
+    strays = [b.lineno for a, b in zip(cls.body, cls.body[1:]) if isinstance(a, ast.Expr) and isinstance(b, ast.Expr)]
+    assert strays == []  # no docstring stranded under another field's
+
+
+def test_in_process_this_machines_problems_come_with_the_setups():
+    from trainmem.engines import execute
+
+    with pytest.raises(SetupError) as e:
+        execute(ModelSpec.resolve("tiny-gpt-neox"), TrainSetup(batch_size=0, peft="qlora", device="cpu"))
+    assert e.value.problems[0].startswith("--batch-size")
+    assert any("4-bit NF4 training runs on CUDA only" in p for p in e.value.problems)

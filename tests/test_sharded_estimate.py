@@ -11,7 +11,7 @@ from trainmem import ModelSpec, TrainSetup
 from trainmem.estimator import estimate
 from trainmem.estimator.sharded import simulate_fsdp_rank
 from trainmem.estimator.sharding import rank_states
-from trainmem.runner import execute
+from trainmem.engines import execute
 
 SPEC = ModelSpec.resolve("tiny-gpt-neox")
 # eager attention: the CPU run and the simulation take the same attention path (simulate would model

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -10,21 +9,16 @@ import time
 
 import pytest
 
-from trainmem.cli.options import setup_from_args
 from trainmem.errors import SetupError
-from trainmem.sweep import axes_from_args, expand, preset_points, resolve
+from trainmem.sweep import axes, expand, preset_points, resolve
 
 CLI = [sys.executable, "-m", "trainmem.cli", "sweep"]
 
 
-def _args(**given):
-    return argparse.Namespace(**{"model": None, "config": None, "checkpointing": None, "grid": None, **given})
-
-
 def test_comma_lists_expand_last_axis_fastest():
-    axes = axes_from_args(_args(batch_size="4,8,16", peft="none, lora"), ["batch_size", "peft"])
-    points = expand(axes)
-    assert axes == {"batch_size": ["4", "8", "16"], "peft": ["none", "lora"]}
+    found = axes({"batch_size": "4,8,16", "peft": "none, lora"})
+    points = expand(found)
+    assert found == {"batch_size": ["4", "8", "16"], "peft": ["none", "lora"]}
     assert len(points) == 6
     assert points[:3] == [{"batch_size": "4", "peft": "none"}, {"batch_size": "4", "peft": "lora"},
                           {"batch_size": "8", "peft": "none"}]
@@ -33,11 +27,10 @@ def test_comma_lists_expand_last_axis_fastest():
 def test_yaml_grid_and_flags_combine_and_resolve(tmp_path):
     grid = tmp_path / "grid.yaml"
     grid.write_text("batch-size: [1, 2]\ncheckpointing: [false, true]\nprecision: fp32\n")
-    args = _args(model="tiny-llama", seq_len="16,32", grid=str(grid))
-    points = expand(axes_from_args(args, ["seq_len"]))
+    points = expand(axes({"model": "tiny-llama", "seq_len": "16,32"}, str(grid)))
     assert len(points) == 8 and points[0] == {"model": "tiny-llama", "seq_len": "16", "batch_size": 1,
                                               "checkpointing": False, "precision": "fp32"}
-    resolved = resolve(points, args, setup_from_args)
+    resolved = resolve(points)
     assert [(s.seq_len, s.batch_size, s.checkpointing) for _, s in resolved][:3] == [
         (16, 1, False), (16, 1, True), (16, 2, False)]
     assert {spec.name for spec, _ in resolved} == {"tiny-llama"}
@@ -47,20 +40,20 @@ def test_grid_conflicts_and_bad_values_are_reported_together(tmp_path):
     grid = tmp_path / "grid.yaml"
     grid.write_text("batch_size: [1]\nwidth: [3]\n")
     with pytest.raises(SetupError, match="unknown field 'width'"):
-        axes_from_args(_args(grid=str(grid)), [])
+        axes({}, str(grid))
     grid.write_text("batch_size: [1]\n")
     with pytest.raises(SetupError, match="--batch-size: given both on the command line and in --grid"):
-        axes_from_args(_args(batch_size="2", grid=str(grid)), ["batch_size"])
+        axes({"batch_size": "2"}, str(grid))
     points = expand({"model": ["tiny-llama"], "batch_size": ["2", "x"], "peft": ["lora", "full"]})
     with pytest.raises(SetupError) as e:
-        resolve(points, _args(), setup_from_args)
+        resolve(points)
     assert any("--batch-size: expected a whole number, got 'x'" in p for p in e.value.problems)
     assert sum("--peft: 'full' is not one of" in p for p in e.value.problems) == 2
 
 
 def test_chapter_preset_is_the_seven_runs():
     points = preset_points("chapter")
-    resolved = resolve(points, _args(), setup_from_args)
+    resolved = resolve(points)
     assert len(points) == 7 and {spec.name for spec, _ in resolved} == {"polyglot-ko-1.3b"}
     assert [(s.batch_size, s.grad_accum, s.peft, s.checkpointing) for _, s in resolved] == [
         (4, 1, "none", False), (8, 1, "none", False), (16, 1, "none", False), (4, 4, "none", False),
@@ -105,6 +98,20 @@ def test_far_over_the_card_is_skipped_unless_forced(tmp_path):
     subprocess.run(CLI + BIG + ["--out", str(out), "--resume", "--force"], capture_output=True, check=True)
     rows = _rows(out)
     assert [r["status"] for r in rows] == ["skipped", "ok"] and rows[1]["verdict"]["fits"] is False
+
+
+def test_the_sweep_from_python_writes_the_rows_the_command_writes(tmp_path):
+    from trainmem import Sweep, load_setup
+
+    out = tmp_path / "sweep.jsonl"
+    point = load_setup("polyglot-ko-1.3b", {"precision": "fp16", "batch_size": 64, "gpu": "T4"})
+    counts = Sweep([point], str(out), method="estimate", estimator="analytic").run()
+    assert counts["skipped"] == 1 and counts["ok"] == 0
+    subprocess.run(CLI + BIG + ["--out", str(tmp_path / "cli.jsonl")], capture_output=True, check=True)
+    [row], [cli_row] = _rows(out), _rows(tmp_path / "cli.jsonl")
+    assert row == cli_row
+    with pytest.raises(SetupError, match="--method: 'guess' is not one of"):
+        Sweep([point], str(out), method="guess")
 
 
 def test_measure_without_cuda_estimates_and_says_so(tmp_path):

@@ -15,15 +15,19 @@ from typing import Any
 from .errors import SetupError
 from .experiment import gpu_memory_experiment
 from .gpus import CATALOG as GPUS, GPU, find_gpu
-from .result import Result
+from .maxbatch import max_batch
+from .result import Result, read_rows
 from .runner import run
 from .setup import TrainSetup, from_training_arguments
+from .sources import load_setup
 from .specs import PRESETS, ModelSpec
+from .sweep import Sweep
 from .verify import verify_accumulation
+from .version import __version__
 
-__version__ = "0.1.0"
 __all__ = ["ModelSpec", "TrainSetup", "Result", "SetupError", "run", "estimate", "Breakdown", "gpu_memory_experiment",
-           "from_training_arguments", "GPU", "GPUS", "find_gpu", "PRESETS", "verify_accumulation"]
+           "from_training_arguments", "GPU", "GPUS", "find_gpu", "PRESETS", "verify_accumulation", "Sweep",
+           "max_batch", "load_setup", "read_rows"]
 
 
 def __getattr__(name: str) -> Any:

@@ -24,6 +24,7 @@ AUTOCAST_DTYPES = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}
 
 
 def has_bitsandbytes() -> bool:
+    """Whether bitsandbytes is importable: QLoRA and the 8-bit optimizers need it, and it is an optional extra."""
     return importlib.util.find_spec("bitsandbytes") is not None
 
 
@@ -81,7 +82,9 @@ def environment_problems(setup: TrainSetup, device: str, precision: str) -> list
     return out
 
 
-def _lora_config(setup: TrainSetup) -> Any:
+def lora_config(setup: TrainSetup) -> Any:
+    """The peft `LoraConfig` of a setup: one place, so that the run, the estimator's meta model and the
+    QLoRA simulation adapt exactly the same modules."""
     from peft import LoraConfig
 
     # peft takes the string "all-linear" (every Linear but the output head), not a list holding it
@@ -139,7 +142,7 @@ def build_model(spec: ModelSpec, setup: TrainSetup, device: str, precision: str)
     if setup.peft in ("lora", "qlora"):
         from peft import get_peft_model
 
-        model = get_peft_model(model, _lora_config(setup))
+        model = get_peft_model(model, lora_config(setup))
     model.train()
     return model
 

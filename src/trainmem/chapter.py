@@ -17,6 +17,7 @@ GB = 1024**3  # the seed's "GB" is bytes / 1024**3
 
 @dataclass(frozen=True)
 class ChapterRun:
+    """One of the seed chapter's runs: its setup and the figures the chapter published for it."""
     label: str
     setup: TrainSetup
     after_load_gb: float | None

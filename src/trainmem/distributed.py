@@ -5,12 +5,12 @@ join a gloo process group on 127.0.0.1 at a free port. Each rank builds the same
 wraps it (`DistributedDataParallel`, or FSDP2's `fully_shard` on every decoder layer and then the
 root), builds the optimizer over the wrapped parameters and trains on its share of the micro-batches
 (rank r takes batches r::N), measured by its own TensorLedger exactly as `runner.execute` measures one
-process. Each rank writes its Result to a file; the launcher merges them: `ranks` holds every rank's
+process (`trainmem.core.measure`). Each rank writes its Result to a file; the launcher merges them: `ranks` holds every rank's
 memory and model states, the top level is the rank with the largest peak.
 
 The processes stand in for GPUs: what each holds is what one GPU would hold (on the CPU, without CUDA
 context, NCCL buffers or allocator caching). FSDP2 frees a gathered layer by resizing its storage to
-zero (`storage.resize_`), which no operator dispatch shows; `TensorLedger.resized` follows FSDP2's own
+zero (`storage.resize_`), which no operator dispatch shows; `follow_fsdp_storage` routes FSDP2's own
 alloc/free helpers so that gathered parameters count only while they are gathered (in `other`).
 """
 
@@ -28,7 +28,10 @@ from typing import Any
 
 import torch
 
+from .core import measure
+from .data import load_dataset, micro_batches
 from .errors import SetupError
+from .job import from_job, to_job
 from .measure import TensorLedger
 from .result import Result
 from .setup import TrainSetup
@@ -52,8 +55,7 @@ def execute_distributed(spec: ModelSpec, setup: TrainSetup, device: str, precisi
     if batches is not None and batches < n:
         raise SetupError([f"--gpus {n}: {setup.dummy_samples()} samples make {batches} micro-batches, "
                           f"fewer than one per rank; use --num-samples {n * setup.batch_size} or more"])
-    job = {"spec": {"name": spec.name, "config": spec.config, "source": spec.source, "path": spec.path},
-           "setup": setup.to_dict(), "device": device, "precision": precision}
+    job = to_job(spec, setup, device=device, precision=precision)
     with tempfile.TemporaryDirectory(prefix="trainmem-ranks-") as tmp:
         try:
             mp.start_processes(_rank_main, args=(n, _free_port(), job, tmp), nprocs=n, join=True,
@@ -98,7 +100,7 @@ def _rank_main(rank: int, world: int, port: int, job: dict[str, Any], tmp: str) 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=300))
     try:
-        spec, setup = ModelSpec(**job["spec"]), TrainSetup.from_dict(job["setup"])
+        spec, setup = from_job(job)
         row = measure_rank(spec, setup, job["precision"], rank, world).to_dict()
     finally:
         dist.destroy_process_group()
@@ -108,8 +110,9 @@ def _rank_main(rank: int, world: int, port: int, job: dict[str, Any], tmp: str) 
 
 
 @contextlib.contextmanager
-def _follow_fsdp_storage(ledger: TensorLedger):
-    """Route FSDP2's alloc_storage/free_storage (module-level helpers) through the ledger."""
+def follow_fsdp_storage(ledger: TensorLedger):
+    """Route FSDP2's alloc_storage/free_storage (module-level helpers) through the ledger, so that
+    gathered parameters count only while they are gathered (FSDP2 resizes storage, which no dispatch shows)."""
     from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
 
     alloc, free = _fsdp_param.alloc_storage, _fsdp_param.free_storage
@@ -148,6 +151,7 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def wrap(model: torch.nn.Module, shard: str, world: int) -> torch.nn.Module:
+    """The rank's model as `--shard` spreads it: DDP, or FSDP2 on every decoder layer and then the root."""
     if shard == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
@@ -163,13 +167,10 @@ def wrap(model: torch.nn.Module, shard: str, world: int) -> torch.nn.Module:
 
 
 def measure_rank(spec: ModelSpec, setup: TrainSetup, precision: str, rank: int, world: int) -> Result:
-    """One rank of the run: `runner.measure` on this rank's micro-batches, around a wrapped model."""
-    from .data import load_dataset, micro_batches
-    from .runner import measure
-
+    """One rank of the run: `core.measure` on this rank's micro-batches, around a wrapped model."""
     samples, pad_id = load_dataset(spec, setup)
     batches = micro_batches(samples, setup.batch_size, pad_id)[rank::world]
-    follow = _follow_fsdp_storage if setup.shard == "fsdp" else None
+    follow = follow_fsdp_storage if setup.shard == "fsdp" else None
     result = measure(spec, setup, "cpu", precision, batches,
                      wrap=lambda model: wrap(model, setup.shard, world), follow=follow,
                      env={"backend": "gloo", "rank": rank, "world_size": world})

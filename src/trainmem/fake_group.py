@@ -88,9 +88,9 @@ def ranks_of(setup: TrainSetup) -> list[int]:
 def measure_rank_here(spec: ModelSpec, setup: TrainSetup, device: str, precision: str, rank: int, world: int,
                       env: dict[str, Any]) -> Result:
     """One rank of the FSDP2 run, in a process whose default process group is already initialised."""
+    from .core import measure
     from .data import load_dataset, micro_batches
-    from .distributed import _follow_fsdp_storage
-    from .runner import measure
+    from .distributed import follow_fsdp_storage
 
     samples, pad_id = load_dataset(spec, setup)
     batches = micro_batches(samples, setup.batch_size, pad_id)
@@ -103,7 +103,7 @@ def measure_rank_here(spec: ModelSpec, setup: TrainSetup, device: str, precision
 
     def follow(ledger: Any) -> Any:
         seen["ledger"] = ledger
-        return _follow_fsdp_storage(ledger)
+        return follow_fsdp_storage(ledger)
 
     def wrap(model: torch.nn.Module) -> torch.nn.Module:
         # trainmem builds the whole model on the device, then shards it; a production FSDP2 run builds
@@ -161,12 +161,13 @@ def torchrun_main() -> None:  # pragma: no cover - needs N GPUs and torchrun; ne
 
     import torch.distributed as dist
 
+    from .job import from_job
+
     job, out = sys.argv[1], sys.argv[2]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     with open(job) as f:
-        d = json.load(f)
-    spec, setup = ModelSpec(**d["spec"]), TrainSetup.from_dict(d["setup"])
+        spec, setup = from_job(json.load(f))
     dist.init_process_group("nccl")
     try:
         row = measure_rank_here(spec, setup, "cuda", setup.resolved_precision(spec, "cuda"), rank, world,

@@ -73,6 +73,8 @@ _DEFAULT_CAPACITY_SOURCE = "total capacity in PyTorch OOM messages reported by u
 
 @dataclass(frozen=True)
 class GPU:
+    """A card as the estimate and the verdict see it: capacity, memory outside the allocator, cuBLAS workspace,
+    attention kernels, each with its source."""
     name: str
     capacity: int
     """Bytes PyTorch reports as the card's total memory."""
@@ -103,6 +105,7 @@ class GPU:
 
     @property
     def architecture(self) -> str:
+        """The architecture's name for the compute capability (Turing, Ampere, Hopper, ...), for messages."""
         return "Turing" if self.sm == (7, 5) else "Ada" if self.sm == (8, 9) else ARCHITECTURES[self.sm[0]]
 
     @property
@@ -236,6 +239,13 @@ def gpu_problem(name: str) -> str | None:
         options = AMBIGUOUS[_key(name)]
         return f"--gpu: {name!r} comes with different memory sizes: pass {' or '.join(options)}"
     return f"--gpu: unknown card {name!r}; known: {', '.join(CATALOG)} (or cap by bytes with --memory-cap)"
+
+
+def margin_problem(margin: float) -> str | None:
+    """The headroom kept free on a card is a fraction of its capacity, in [0, 1): else the problem."""
+    if 0 <= margin < 1:
+        return None
+    return f"--margin: expected a fraction in [0, 1), got {margin!r}"
 
 
 def this_card() -> str | None:

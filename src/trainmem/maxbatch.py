@@ -11,6 +11,9 @@ samples is corrected in one step instead of a gallop. That is why the confirming
 relaxed cap (`RELAX` times the card): a run over the card's budget still finishes and reports what it
 needed. A run whose peak stays within the budget never reaches either cap, so it is exactly the run the
 card would see.
+
+`max_batch` is what `trainmem max-batch` does: the search on the estimate, then, with CUDA, the
+confirming runs; the searches above take only oracles, so they need neither torch nor a GPU.
 """
 
 from __future__ import annotations
@@ -18,6 +21,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import SetupError
+from .gpus import GPU, find_gpu, margin_problem
+from .setup import ESTIMATORS, TrainSetup
+from .specs import ModelSpec
 
 LIMIT = 1 << 16
 """No search goes past this micro-batch: a model that fits this many samples needs no search."""
@@ -43,6 +52,7 @@ class Oracle:
 
     @property
     def trials(self) -> int:
+        """How many distinct batches were asked about: for real runs, what the search cost."""
         return len(self.tried)
 
 
@@ -146,4 +156,115 @@ def accumulation_for(target: int, batch: int) -> tuple[int, int]:
     return micro, target // micro
 
 
-__all__ = ["Oracle", "Measured", "largest", "newton", "power_of_two", "accumulation_for", "LIMIT", "RELAX"]
+class RunFailed(RuntimeError):
+    """A confirming run failed for a reason other than memory: the search cannot go on without its bytes."""
+
+
+def _real_runs(spec: ModelSpec, setup: TrainSetup, card: GPU, margin: float) -> tuple[Measured, list[str]]:
+    """Real runs on this GPU, each measuring what the card would need (peak reserved + its context).
+
+    They run under a relaxed cap, not the card's: a run within the budget never reaches a cap, so it is
+    the card's run exactly, and a run over it still reports how far over, which is what `newton` steps by."""
+    import torch
+
+    from .runner import run
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    relaxed = min(int(RELAX * card.usable), total)
+    notes = [] if total >= card.usable else [
+        f"this GPU has {total / 2**30:.1f} GiB, less than the {card.name}'s {card.usable / 2**30:.1f} GiB: "
+        "batches that need more than this GPU cannot be confirmed and count as not fitting"]
+
+    def measure(b: int) -> int | None:
+        row = run(spec, setup.replace(batch_size=b, gpu=None, memory_cap=relaxed))
+        if row.status == "oom":
+            return None
+        if row.status != "ok":
+            last = (row.error or "").strip().splitlines()[-1:] or ["no error text"]
+            raise RunFailed(f"the real run at batch {b} failed: {last[0]}")
+        return int(row.memory["peak_reserved"]) + card.context
+
+    return Measured(measure, card.budget(margin)), notes
+
+
+def _slope(reserved: Callable[[int], int]) -> Callable[[int], float]:
+    """Bytes per sample of the estimate around b, over a few samples so allocator steps average out."""
+    def slope(b: int) -> float:
+        k = max(1, b // 16)
+        return (reserved(b + k) - reserved(b)) / k
+    return slope
+
+
+def problems(target: int | None, estimator: str, gpu: str | None, grad_accum_given: bool) -> list[str]:
+    """Every problem of max-batch's own options but the margin (`gpus.margin_problem`); the setup's are
+    `TrainSetup.validate`'s."""
+    out: list[str] = []
+    if target is not None and (not isinstance(target, int) or target < 1):
+        out.append(f"--target-batch: expected a whole number >= 1, got {target!r}")
+    if target is not None and grad_accum_given:
+        out.append("--grad-accum: --target-batch chooses the accumulation; drop one of them")
+    if gpu is None:
+        out.append("--gpu: max-batch needs the card to fit, e.g. --gpu T4 (see `trainmem run --help`); "
+                   "with CUDA it defaults to this machine's card")
+    if estimator not in ESTIMATORS:
+        out.append(f"--estimator: {estimator!r} is not one of {', '.join(ESTIMATORS)}")
+    return out
+
+
+def max_batch(spec: ModelSpec, setup: TrainSetup, margin: float = 0.02, target: int | None = None,
+              estimator: str = "analytic", searching: Callable[[str], Any] | None = None) -> dict[str, Any]:
+    """The largest micro-batch of `setup` that fits `setup.gpu` (this machine's card when None), leaving
+    `margin` of its capacity free: searched on the estimate, then, with CUDA, confirmed with real runs.
+
+    Args:
+        target: an effective batch to reach; the answer then adds the micro-batch and accumulation for it.
+        estimator: the estimate searched (`analytic`: milliseconds a point, so the search is free).
+        searching: a context factory given what is being done (the CLI shows a spinner with it).
+    Returns:
+        The answer as `trainmem max-batch --json` prints it: `batch` (0 when nothing fits), `predicted`,
+        the runs `tried`, and what a power-of-two search would cost. Raises SetupError for bad options
+        and RunFailed when a confirming run fails for a reason other than memory.
+    """
+    import contextlib
+
+    import torch
+
+    from .estimator import estimate
+
+    if setup.gpu is None:
+        from .gpus import this_card
+
+        setup = setup.replace(gpu=this_card())  # with CUDA, no card named means the card this runs on
+    found_problems = [p for p in [margin_problem(margin)] if p] + problems(
+        target, estimator, setup.gpu, grad_accum_given=target is not None and setup.grad_accum != 1)
+    if found_problems:
+        raise SetupError(found_problems)
+    status = searching or (lambda what: contextlib.nullcontext())
+    card = find_gpu(setup.gpu)  # type: ignore[arg-type]
+    # accumulation keeps the gradients resident between micro-batches, so search with it when it will be used
+    searched = setup.replace(grad_accum=2) if target else setup
+    predicted_by = Oracle(lambda b: estimate(spec, searched.replace(batch_size=b), estimator).fits(card, margin))
+    with status(f"searching the estimate of {spec.name} on {card.name}..."):
+        predicted = largest(predicted_by)
+    real = torch.cuda.is_available() and setup.device != "cpu"
+    answer: dict[str, Any] = {"model": spec.name, "gpu": card.name, "margin": margin, "predicted": predicted,
+                              "estimates": predicted_by.trials, "confirmed": real}
+    if real:
+        runs, notes = _real_runs(spec, searched, card, margin)
+        slope = _slope(lambda b: estimate(spec, searched.replace(batch_size=b), estimator).memory["peak_reserved"])
+        with status(f"confirming batch {predicted} with real runs measured against the {card.name}..."):
+            found = newton(runs, predicted, slope)
+        answer.update(batch=found, trials=runs.trials, tried=runs.tried, budget=runs.budget,
+                      measured=dict(runs.used), notes=notes)
+    else:
+        found = predicted
+        answer.update(batch=found, trials=0, tried=[])
+    # monotone: a batch fits iff it is <= the answer, so the power-of-two search's cost follows from it
+    answer["power_of_two"], answer["power_of_two_trials"] = power_of_two(lambda b: b <= found)
+    if target and found:
+        answer["micro_batch"], answer["grad_accum"] = accumulation_for(target, found)
+    return answer
+
+
+__all__ = ["Oracle", "Measured", "largest", "newton", "power_of_two", "accumulation_for", "max_batch", "problems",
+           "RunFailed", "LIMIT", "RELAX"]

@@ -88,10 +88,12 @@ def weight_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
 
 
 def gradient_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The `.grad` tensors that exist now (None after `zero_grad(set_to_none=True)`)."""
     return [p.grad for p in model.parameters() if p.grad is not None]
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Every tensor the optimizer keeps as state (Adam's moments, 8-bit quantization maps, step counters)."""
     return [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
 
 
@@ -104,6 +106,7 @@ class StateBytes:
     optimizer: int
 
     def to_dict(self) -> dict[str, int]:
+        """The three figures by name, as the row's `model_states` holds them."""
         return asdict(self)
 
 
@@ -114,6 +117,7 @@ def _is_fake(t: torch.Tensor) -> bool:
 
 
 def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> StateBytes:
+    """Bytes of weights, gradients and optimizer states live now, each storage counted once (tied weights, views)."""
     return StateBytes(_unique_bytes(weight_tensors(model)), _unique_bytes(gradient_tensors(model)),
                       _unique_bytes(optimizer_tensors(optimizer)) if optimizer is not None else 0)
 
@@ -156,6 +160,7 @@ class TensorLedger(TorchDispatchMode):
         after the outputs), and may `hold` what it keeps."""
 
     def record(self) -> TensorLedger:
+        """Also keep every allocation and free in order (`events`), for the estimator's allocator replay."""
         self.events = []
         return self
 
@@ -176,6 +181,7 @@ class TensorLedger(TorchDispatchMode):
             self.events.append((EMPTY_CACHE, 0))
 
     def set_phase(self, phase: str) -> None:
+        """Name the phase that the next allocations belong to (those of a `forward` phase count as activations)."""
         self.phase = phase
         self.phase_peak = self.live
         self._cached_state = None
@@ -277,6 +283,7 @@ def process_peak_rss() -> int:
 
 @dataclass
 class Reading:
+    """One read of a memory reader: now and peak, allocated and reserved, and what the whole device uses."""
     allocated: int
     reserved: int
     peak_allocated: int
@@ -296,14 +303,17 @@ class CudaReader:
         self.context = self.device_used() - torch.cuda.memory_reserved(device)
 
     def device_used(self) -> int:
+        """Bytes the whole device uses now (`cudaMemGetInfo`): context, reserved and other processes' memory."""
         free, total = torch.cuda.mem_get_info(self.device)
         return total - free
 
     def reset_peak(self) -> None:
+        """Start a new peak: the allocator's peak statistics restart from what is allocated now."""
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
 
     def read(self) -> Reading:
+        """The allocator's counters and peaks, after a synchronize so that queued kernels have allocated."""
         torch.cuda.synchronize(self.device)
         d = self.device
         return Reading(torch.cuda.memory_allocated(d), torch.cuda.memory_reserved(d),
@@ -323,8 +333,10 @@ class LedgerReader:
         self.context = 0
 
     def reset_peak(self) -> None:
+        """Start a new peak at what the ledger holds now."""
         self.ledger.phase_peak = self.ledger.live
 
     def read(self) -> Reading:
+        """The ledger's live bytes and peak (allocated = reserved on the CPU) and the process's peak RSS."""
         lg = self.ledger
         return Reading(lg.live, lg.live, lg.phase_peak, lg.phase_peak, process_peak_rss())

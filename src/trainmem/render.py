@@ -38,6 +38,8 @@ def verdict_line(v: dict[str, Any]) -> str:
 
 
 def result_tables(r: Result, phases: bool = False) -> list[Any]:
+    """A row as the terminal shows it: title, status, the memory at the peak, the seed's figures, throughput,
+    verdict, OOM and notes (and, with `phases`, every phase)."""
     s = r.setup
     title = (f"{r.model.get('name')}  batch {s['batch_size']} x accum {s['grad_accum']} "
              f"(effective {r.effective_batch}), seq {s['seq_len']}, {s['peft']}, {s['precision']}, "
@@ -49,7 +51,7 @@ def result_tables(r: Result, phases: bool = False) -> list[Any]:
         status = {"ok": "[green]ok[/green]", "oom": "[red]out of memory[/red]", "error": "[red]error[/red]"}[r.status]
         cap = f"  (memory capped to {s['gpu']})" if s.get("gpu") else ""
         out.append(f"status: {status}{cap}   steps done: {r.steps_done}/{s['steps']}   peak in {r.peak_phase}")
-    mem = Table(title="Memory at the peak (parts add up to peak allocated)", show_edge=False)
+    mem = Table(title="Memory at the peak", show_edge=False)
     mem.add_column("part")
     mem.add_column("bytes", justify="right")
     mem.add_column("size", justify="right")
@@ -61,6 +63,10 @@ def result_tables(r: Result, phases: bool = False) -> list[Any]:
     dev_label = "device used (context + reserved)" if s["device"] == "cuda" else "process peak RSS"
     mem.add_row(dev_label, f"{m['device_used']:,}", size(m["device_used"]))
     out.append(mem)
+    over = sum(m[key] for key, _ in _PARTS) - m["peak_allocated"]
+    if over > 0:  # a part lives outside the allocator whose peak this is (paged optimizer states)
+        out.append(f"the parts exceed peak allocated by {size(over)}: some of them live outside PyTorch's "
+                   "allocator (paged optimizer states are in CUDA managed memory)")
     ms = r.model_states
     out.append(f"after an optimizer step (the seed's figures): optimizer states {size(ms['optimizer'])}, "
                f"gradients {size(ms['gradients'])}, weights {size(ms['weights'])}")
@@ -90,6 +96,28 @@ def result_tables(r: Result, phases: bool = False) -> list[Any]:
 
 
 def print_result(r: Result, console: Console | None = None, phases: bool = False) -> None:
+    """Print `result_tables` to `console` (stdout by default)."""
     console = console or Console()
     for item in result_tables(r, phases):
         console.print(item)
+
+
+def print_max_batch(a: dict[str, Any], target: int | None, console: Console | None = None) -> None:
+    """`trainmem max-batch`'s answer in words: the batch, how it was confirmed, the power-of-two cost."""
+    console = console or Console()
+    if not a["batch"]:
+        console.print(f"[red]Not even batch 1 fits {a['model']} on the {a['gpu']}[/red] (margin {a['margin']:.0%}); "
+                      "`trainmem estimate --batch-size 1 --gpu ...` says what to cut first.")
+        return
+    tried = ", ".join(f"{b} {'fits' if ok else 'does not'}" for b, ok in a["tried"])
+    how = (f"confirmed with {a['trials']} real runs ({tried})" if a["confirmed"] else
+           f"from the estimate ({a['estimates']} estimates; no CUDA device here, so no real run)")
+    console.print(f"Largest micro-batch for {a['model']} on the {a['gpu']}: [bold]{a['batch']}[/bold], {how}.",
+                  highlight=False)
+    console.print(f"A power-of-two search (1, 2, 4, ...) would take {a['power_of_two_trials']} real runs and find "
+                  f"{a['power_of_two']}.", highlight=False)
+    if target:
+        micro, accum = a["micro_batch"], a["grad_accum"]
+        why = "" if micro == min(a["batch"], target) else (
+            f" ({a['batch']} does not divide {target}: {micro} is the largest micro-batch below it that does)")
+        console.print(f"Effective batch {target}: --batch-size {micro} --grad-accum {accum}{why}.", highlight=False)

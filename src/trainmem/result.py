@@ -1,7 +1,9 @@
 """The result object: one row per experiment, the same schema for measurements and estimates.
 
-`memory` is the composition at the peak: `weights + gradients + optimizer + activations + other ==
-peak_allocated`, each the bytes of that kind live at the moment of the peak. `model_states` holds the
+`memory` is the composition at the peak, each part the bytes of that kind live at the moment of the peak.
+`weights + gradients + optimizer + activations + other == peak_allocated` on the CPU (the ledger's peak), and
+on CUDA while the parts live in PyTorch's allocator: paged 8-bit AdamW's states live in CUDA managed memory,
+counted in `optimizer` but not in the allocator's `peak_allocated`, so there the parts can exceed it. `model_states` holds the
 seed's figures, the sizes of weights, gradients and optimizer states after an optimizer step (always
 defined: zero where a run died before they existed). All sizes are bytes.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 SCHEMA = "trainmem.result/1"
@@ -19,11 +22,27 @@ STATUSES = ("ok", "oom", "error", "skipped")
 
 
 def empty_memory() -> dict[str, int]:
+    """Every memory key at zero: the composition of a run that died before it measured anything."""
     return {k: 0 for k in MEMORY_KEYS}
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """The result rows of a JSONL file, as dicts; lines cut short by a killed sweep, and lines that are
+    not trainmem result rows, are left out. The one reader of result files (report, sweep's resume)."""
+    rows = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and str(row.get("schema", "")).startswith("trainmem.result/"):
+            rows.append(row)
+    return rows
 
 
 @dataclass
 class Result:
+    """One experiment's row, measured or estimated: the same schema for both so that they sit side by side."""
     kind: str
     """`measurement` (trainmem run) or `estimate`."""
     status: str
@@ -56,13 +75,16 @@ class Result:
     schema: str = SCHEMA
 
     def to_dict(self) -> dict[str, Any]:
+        """The row as plain data (what the JSONL line holds)."""
         return asdict(self)
 
     def to_json(self) -> str:
+        """The row as one JSON line; NaN losses are kept (pure fp16 overflows)."""
         return json.dumps(self.to_dict(), allow_nan=True)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Result:
+        """A row read back; refuses a row of another schema rather than misreading it."""
         if d.get("schema") != SCHEMA:
             raise ValueError(f"not a {SCHEMA} row: schema={d.get('schema')!r}")
         return cls(**d)

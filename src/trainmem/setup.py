@@ -22,6 +22,10 @@ LABELS = ("random", "copy")
 DATA_MODES = ("pad", "pack")
 DEVICES = ("auto", "cuda", "cpu")
 ENGINES = ("loop", "trainer")
+ESTIMATORS = ("auto", "analytic", "simulate")
+"""How `trainmem.estimate` predicts (defined here, torch-free, so that the CLI's help needs no estimator)."""
+SHARDS = ("none", "ddp", "zero1", "zero2", "zero3", "fsdp")
+OFFLOADS = ("none", "optimizer", "params")
 # TrainSetup optimizer -> TrainingArguments.optim (Trainer builds the same torch/bitsandbytes classes)
 TRAINER_OPTIMS = {"adamw": "adamw_torch", "adamw-fused": "adamw_torch_fused", "sgd": "sgd",
                   "adafactor": "adafactor", "adamw-8bit": "adamw_bnb_8bit", "paged-adamw-8bit": "paged_adamw_8bit"}
@@ -42,15 +46,21 @@ class TrainSetup:
     peft: str = "none"
     """`none` (full fine-tuning), `lora`, or `qlora` (NF4 base weights via bitsandbytes + LoRA)."""
     lora_r: int = 8
+    """LoRA rank: each adapted layer gets two matrices of rank r (the seed: 8); adapter bytes grow with r."""
     lora_alpha: int = 32
+    """LoRA scaling numerator (the update is scaled by alpha / r); no effect on memory."""
     lora_dropout: float = 0.05
+    """Dropout on the adapters' input; its output and mask are kept for backward (activation memory)."""
     lora_targets: list[str] | None = None
     """Module names to adapt; None lets peft choose per architecture (query_key_value for GPT-NeoX)."""
     precision: str = "auto"
     """`auto` = the checkpoint's dtype on CUDA (the seed's torch_dtype="auto"), fp32 on CPU;
     fp16/bf16 = half weights, no autocast; amp-* = fp32 weights under autocast (GradScaler for fp16)."""
     optimizer: str = "adamw"
+    """`adamw` (torch, foreach), `adamw-fused`, `adamw-8bit` / `paged-adamw-8bit` (bitsandbytes), `sgd` or
+    `adafactor`: what the optimizer keeps per trainable parameter and what its step allocates."""
     lr: float = 1e-4
+    """Learning rate; no effect on memory, recorded so that the run can be reproduced (see `lr_batch`)."""
     lr_batch: int | None = None
     """The effective batch `lr` was tuned for. When it differs from this setup's effective batch the run
     says so and suggests the linearly scaled rate, instead of silently reusing `lr`."""
@@ -68,12 +78,18 @@ class TrainSetup:
     data_mode: str = "pad"
     """How `data` becomes batches: `pad` (attention mask, labels -100 on pads) or `pack`."""
     device: str = "auto"
+    """`auto` (CUDA where visible, else the CPU), `cuda` or `cpu`: where `run` trains. Estimates are
+    always for a CUDA GPU."""
     gpu: str | None = None
-    """Cap usable memory to this card's (see `trainmem.gpus.CATALOG`)."""
+    """The card to judge against (see `trainmem.gpus.CATALOG`). `run` emulates it on a bigger card: the
+    allocator capped at its usable memory and, with CUDA, its cuBLAS workspace and SDPA kernels
+    (`trainmem.emulation`); the host's context and timings stay the host's."""
     memory_cap: int | None = None
     """Cap usable memory to this many bytes (on CPU the tensor ledger enforces it)."""
     seed: int = 0
+    """Seed of the random weights (presets and configs have none) and of the dummy data."""
     engine: str = "loop"
+    """Who trains: `loop` (trainmem's own loop) or `trainer` (transformers.Trainer + MemoryCallback)."""
     gpus: int = 1
     """Data-parallel GPUs: estimated; run as CPU processes over gloo, or one rank through the fake group (`rank`)."""
     shard: str = "none"
@@ -83,7 +99,6 @@ class TrainSetup:
     rank: int | str | None = None
     """Run: emulate this rank (0..gpus-1, or `all` in turn) of the `gpus`-rank FSDP2 run in one process
     through PyTorch's fake process group (see `trainmem.fake_group`)."""
-    """Who trains: `loop` (trainmem's own loop) or `trainer` (transformers.Trainer + MemoryCallback)."""
 
     # --- derived ----------------------------------------------------------------------------
     @property
@@ -100,6 +115,7 @@ class TrainSetup:
                 f"{self.effective_batch}; the linear scaling rule suggests --lr {scaled:.3g}")
 
     def resolved_device(self) -> str:
+        """`auto` becomes `cuda` where a CUDA device is visible, else `cpu`."""
         if self.device != "auto":
             return self.device
         import torch
@@ -121,13 +137,16 @@ class TrainSetup:
         return min(caps) if caps else None
 
     def replace(self, **changes: Any) -> TrainSetup:
+        """A copy with `changes`; unvalidated again (see `validate`)."""
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field, as the row's `setup` and the worker's job record it."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainSetup:
+        """A setup from its fields; an unknown field is a SetupError, not silently dropped."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -188,8 +207,6 @@ class TrainSetup:
         choice("data-mode", self.data_mode, DATA_MODES)
         choice("device", self.device, DEVICES)
         choice("engine", self.engine, ENGINES)
-        from .estimator.sharding import OFFLOADS, SHARDS
-
         choice("shard", self.shard, SHARDS)
         choice("offload", self.offload, OFFLOADS)
         if not isinstance(self.gpus, int) or self.gpus < 1:
@@ -231,6 +248,8 @@ class TrainSetup:
         if card is not None and self.precision == "auto" and self.device != "cpu" and spec.stored_dtype == "bfloat16":
             out += [p.replace("--precision bf16", f"--precision auto (the {spec.name} checkpoint is bf16)")
                     for p in _card_problems(card, "bf16")]
+        if self.peft in ("lora", "qlora") and self.lora_targets and self.lora_targets != ["all-linear"]:
+            out += _target_problems(spec, self.lora_targets)
         if self.peft in ("lora", "qlora") and not self.lora_targets:
             from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as defaults
 
@@ -267,15 +286,45 @@ class TrainSetup:
 
     def validate(self, spec: Any = None) -> TrainSetup:
         """Raise one SetupError listing every problem; else return this setup, with `spec` given resolved
-        for it (`resolved`)."""
+        for it (`resolved`).
+
+        Validating is done once: the setup returned remembers the spec it was checked against, so the
+        next entry point it passes through (the CLI, then `run`, then `estimate`) does not check it
+        again. The mark is not a field: `replace` makes a new setup, which is checked anew.
+        """
+        if spec is not None and getattr(self, "_checked_for", None) is spec:
+            return self
         found = self.problems(spec)
         if found:
             raise SetupError(found)
-        return self if spec is None else self.resolved(spec)
+        if spec is None:
+            return self
+        checked = self.resolved(spec)
+        checked._checked_for = spec
+        return checked
 
     def resolved(self, spec: Any) -> TrainSetup:
         """This setup with `attention: auto` made the kernel transformers picks for `spec`'s model."""
         return self.replace(attention=spec.attentions[0]) if self.attention == "auto" else self
+
+
+ADAPTABLE = ("Linear", "Conv1D", "Embedding", "Conv1d", "Conv2d", "Conv3d", "MultiheadAttention")
+"""Module classes peft's LoRA can adapt (transformers' GPT-2 style Conv1D included)."""
+
+
+def _target_problems(spec: Any, targets: list[str]) -> list[str]:
+    """`--lora-targets` that name no adaptable module of the model, found from its config before anything is
+    built. peft matches a target against a module's whole name or its last dotted parts."""
+    modules = spec.modules
+    adaptable = sorted({n.rsplit(".", 1)[-1] for n, cls in modules.items() if cls in ADAPTABLE and n})
+    missing = [t for t in targets
+               if not any((n == t or n.endswith("." + t)) and cls in ADAPTABLE for n, cls in modules.items())]
+    if not missing:
+        return []
+    none_left = len(missing) == len(targets)
+    return [f"--lora-targets: {spec.name} has no adaptable module named {', '.join(map(repr, missing))}"
+            + ("; the model would have no trainable parameters" if none_left else "")
+            + f"; its layers that LoRA can adapt: {', '.join(adaptable)} (or all-linear)"]
 
 
 def _card_problems(card: Any, precision: str) -> list[str]:

@@ -313,10 +313,12 @@ class ModelSpec:
     # --- derived facts ----------------------------------------------------------------------------
     @property
     def model_type(self) -> str:
+        """The config's `model_type` (gpt_neox, llama, ...): what picks the transformers class."""
         return str(self.config["model_type"])
 
     @property
     def has_weights(self) -> bool:
+        """Whether a local folder holds real weights; else the model is built with random ones."""
         return self.path is not None and self.source in ("dir", "cache")
 
     def hf_config(self, **overrides: Any):
@@ -328,14 +330,25 @@ class ModelSpec:
         return CONFIG_MAPPING[self.model_type](**fields)
 
     @cached_property
-    def parameter_count(self) -> int:
-        """Parameters as `model.parameters()` counts them (tied embeddings once), from a meta-device model."""
+    def _meta(self) -> tuple[int, dict[str, str]]:
+        """One meta-device model (no memory, no init), read for its parameter count and its modules."""
         import torch
         from transformers import AutoModelForCausalLM
 
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(self.hf_config())
-        return sum(p.numel() for p in model.parameters())
+        return sum(p.numel() for p in model.parameters()), {n: type(m).__name__ for n, m in model.named_modules()}
+
+    @property
+    def parameter_count(self) -> int:
+        """Parameters as `model.parameters()` counts them (tied embeddings once), from a meta-device model."""
+        return self._meta[0]
+
+    @property
+    def modules(self) -> dict[str, str]:
+        """Every module's qualified name -> its class name, from a meta-device model: what `--lora-targets`
+        can name, known before anything is built."""
+        return self._meta[1]
 
     @property
     def model_class(self) -> type | None:
@@ -357,11 +370,13 @@ class ModelSpec:
 
     @property
     def max_positions(self) -> int | None:
+        """The longest sequence the config allows, None where it names none."""
         cfg = self.hf_config()
         return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
 
     @property
     def vocab_size(self) -> int:
+        """Tokens in the vocabulary: the dummy data's ids and the logits' width."""
         return int(self.hf_config().vocab_size)
 
     @property
@@ -371,6 +386,7 @@ class ModelSpec:
         return str(dtype).replace("torch.", "")
 
     def describe(self) -> dict[str, Any]:
+        """What a row records about the model: name, source, type, path, parameter count."""
         return {"name": self.name, "source": self.source, "model_type": self.model_type,
                 "path": self.path, "parameters": self.parameter_count}
 

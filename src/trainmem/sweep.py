@@ -3,15 +3,17 @@
 A sweep is a list of points; a point is a mapping of setup field (or `model`) -> value, in the same
 form the setup flags take (text from the command line, typed values from a YAML grid). Expansion is a
 pure function (`expand`), so the grid can be checked without running anything; `resolve` turns points
-into (spec, setup) pairs through the same validation as `trainmem run`, collecting every problem.
+into (spec, setup) pairs through the same sources and validation as `trainmem run`
+(`trainmem.sources.load_setup`), collecting every problem. `Sweep` then measures or estimates each
+point, skipping what `resume` finds done and what the estimate says cannot fit.
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +21,9 @@ from .chapter import MODEL as CHAPTER_MODEL
 from .chapter import RUNS as CHAPTER_RUNS
 from .errors import SetupError
 from .gpus import GPU
-from .result import Result
-from .setup import TrainSetup
+from .result import Result, read_rows
+from .setup import ESTIMATORS, TrainSetup
+from .sources import load_setup
 from .specs import ModelSpec
 
 PRESETS = ("chapter",)
@@ -77,37 +80,34 @@ def read_grid(path: str) -> dict[str, list[Any]]:
     return {str(k).replace("-", "_"): v if isinstance(v, list) else [v] for k, v in loaded.items()}
 
 
-def axes_from_args(args: argparse.Namespace, fields: Iterable[str]) -> dict[str, list[Any]]:
-    """The command line's axes: each given setup flag (and --model) split on commas, then --grid's."""
-    axes: dict[str, list[Any]] = {}
-    for name in ["model", *fields]:
-        given = getattr(args, name, None)
-        if given is not None:
-            axes[name] = [given] if name in NOT_AXES else split_values(given)
-    if getattr(args, "checkpointing", None):
-        axes["checkpointing"] = [True]
-    if getattr(args, "grid", None):
-        grid = read_grid(args.grid)
-        both = sorted(set(grid) & set(axes))
+def axes(given: dict[str, Any], grid: str | None = None) -> dict[str, list[Any]]:
+    """The axes of a sweep: each given value (field or `model` -> text, as the flags hold it) split on
+    commas, `checkpointing` given as a one-value axis [True], then the YAML `grid`'s axes; a field in
+    both is a problem."""
+    out: dict[str, list[Any]] = {}
+    for name, value in given.items():
+        if value is not None:
+            out[name] = [True] if name == "checkpointing" else [value] if name in NOT_AXES else split_values(value)
+    if grid:
+        from_grid = read_grid(grid)
+        both = sorted(set(from_grid) & set(out))
         if both:
             raise SetupError([f"--{n.replace('_', '-')}: given both on the command line and in --grid "
-                              f"{args.grid}; keep one" for n in both])
-        axes.update(grid)
-    return axes
+                              f"{grid}; keep one" for n in both])
+        out.update(from_grid)
+    return out
 
 
-def resolve(points: list[dict[str, Any]], args: argparse.Namespace,
-            setup_from_args: Any) -> list[tuple[ModelSpec, TrainSetup]]:
-    """(spec, setup) for every point through the shared flag parser, each point's values standing in for
-    the flags (the other flags, e.g. --config, apply to all); one SetupError with every problem."""
+def resolve(points: list[dict[str, Any]], config: str | None = None, training_args: str | None = None,
+            problems: list[str] | None = None) -> list[tuple[ModelSpec, TrainSetup]]:
+    """(spec, setup) for every point, its values standing in for the setup flags (`config` and
+    `training_args` apply to all); one SetupError with every problem, the caller's `problems` included."""
     out: list[tuple[ModelSpec, TrainSetup]] = []
-    problems: list[str] = []
-    unset = {k: None for k in TrainSetup().to_dict()}
+    problems = list(problems or [])
     for i, point in enumerate(points, 1):
-        ns = argparse.Namespace(**{**vars(args), **unset, "model": None, **point})
-        ns.checkpointing = ns.checkpointing or None
         try:
-            out.append(setup_from_args(ns))
+            out.append(load_setup(point.get("model"), {k: v for k, v in point.items() if k != "model"},
+                                  config, training_args))
         except SetupError as e:
             where = ", ".join(f"{k}={v}" for k, v in point.items())
             problems += [f"point {i} ({where}): {p}" for p in e.problems]
@@ -129,21 +129,10 @@ def point_key(kind: str, model: str, setup: dict[str, Any]) -> str:
 
 def done_keys(path: str, redo_skipped: bool = False) -> set[str]:
     """Keys of the points a previous sweep already wrote to `path` (for --resume)."""
-    p = Path(path)
-    if not p.exists():
+    if not Path(path).exists():
         return set()
-    keys = set()
-    for line in p.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:  # a line cut short by a kill: that point is simply redone
-            continue
-        if redo_skipped and row.get("status") == "skipped":
-            continue
-        keys.add(point_key(row["kind"], row["model"]["name"], row["setup"]))
-    return keys
+    return {point_key(row["kind"], row["model"]["name"], row["setup"]) for row in read_rows(path)
+            if not (redo_skipped and row.get("status") == "skipped")}
 
 
 def predicted_oom(breakdown: Any, card: GPU, factor: float = OOM_FACTOR) -> bool:
@@ -160,11 +149,85 @@ def skipped_row(spec: ModelSpec, setup: dict[str, Any], kind: str, breakdown: An
         row = breakdown.to_result(card.name)
     else:
         row = Result(kind="measurement", status="skipped", setup=setup, model=spec.describe(),
-                     effective_batch=setup["batch_size"] * setup["grad_accum"] * setup.get("gpus", 1))
+                     effective_batch=TrainSetup.from_dict(setup).effective_batch)
     row.status = "skipped"
     row.notes.append(note)
     return row
 
 
-__all__ = ["expand", "split_values", "preset_points", "read_grid", "axes_from_args", "resolve",
+@dataclass
+class Sweep:
+    """Points measured, estimated or both, in order; each row appended to `out` as it is made, so that a
+    killed sweep keeps what it had and `resume` goes on from there. Bad options raise one SetupError."""
+
+    points: list[tuple[ModelSpec, TrainSetup]]
+    out: str
+    method: str | None = None
+    """`measure`, `estimate` or `both`; None: both with CUDA, estimate without."""
+    estimator: str = "auto"
+    """How estimates are made (`trainmem.estimate`'s method)."""
+    resume: bool = False
+    """Skip points whose rows `out` already holds."""
+    force: bool = False
+    """Run points whose estimate is far over their `gpu` (`predicted_oom`) instead of skipping them."""
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("ok", "oom", "error", "skipped", "resumed"), 0))
+
+    def __post_init__(self) -> None:
+        import torch
+
+        self.cuda = torch.cuda.is_available()
+        self.method = self.method or ("both" if self.cuda else "estimate")
+        problems = [f"--{flag}: {value!r} is not one of {', '.join(allowed)}" for flag, value, allowed in
+                    (("method", self.method, METHODS), ("estimator", self.estimator, ESTIMATORS))
+                    if value not in allowed]
+        if problems:
+            raise SetupError(problems)
+
+    def notes(self) -> list[str]:
+        """What to say before the sweep starts: measuring was asked for where there is no CUDA."""
+        if self.method in ("measure", "both") and not self.cuda and any(s.device != "cpu" for _, s in self.points):
+            return [f"No CUDA device here: --method {self.method} estimates instead of measuring "
+                    "(pass --device cpu to measure on the CPU)."]
+        return []
+
+    def run(self, starting: Callable[[str], None] = lambda label: None,
+            made: Callable[[str, Result], None] = lambda label, row: None,
+            point_done: Callable[[], None] = lambda: None) -> dict[str, int]:
+        """Make every row; returns the counts by status (and `resumed`). `starting(label)` is called before
+        a row is made, `made(label, row)` once it is written, `point_done()` after each point."""
+        from .estimator import estimate
+        from .gpus import find_gpu
+        from .runner import run
+
+        Path(self.out).parent.mkdir(parents=True, exist_ok=True)
+        done = done_keys(self.out, redo_skipped=self.force) if self.resume else set()
+        measure_all = self.method in ("measure", "both")
+        for spec, setup in self.points:
+            measured = measure_all and (self.cuda or setup.device == "cpu")
+            kinds = (["estimate"] if self.method == "both" or not measured else []) + (["measurement"] if measured else [])
+            card = find_gpu(setup.gpu) if setup.gpu else None
+            breakdown = None
+            for kind in kinds:
+                resolved = resolved_setup(spec, setup, kind)
+                label = f"{spec.name} b{setup.batch_size} {setup.peft}{' ckpt' if setup.checkpointing else ''} {kind}"
+                if point_key(kind, spec.name, resolved) in done:
+                    self.counts["resumed"] += 1
+                    continue
+                starting(label)
+                if breakdown is None and (kind == "estimate" or card is not None):
+                    breakdown = estimate(spec, setup, self.estimator)
+                if card is not None and not self.force and predicted_oom(breakdown, card):
+                    row = skipped_row(spec, resolved, kind, breakdown, card)
+                elif kind == "estimate":
+                    row = breakdown.to_result(setup.gpu)
+                else:
+                    row = run(spec, setup)
+                row.append_to(self.out)
+                self.counts[row.status] += 1
+                made(label, row)
+            point_done()
+        return self.counts
+
+
+__all__ = ["Sweep", "expand", "split_values", "preset_points", "read_grid", "axes", "resolve",
            "resolved_setup", "point_key", "done_keys", "predicted_oom", "skipped_row", "METHODS", "PRESETS"]

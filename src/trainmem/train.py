@@ -67,6 +67,8 @@ class Probe:
 
 @dataclass
 class TrainLog:
+    """What the loop did, filled as it goes so that an OOM keeps it: steps, losses, step times and tokens, the
+    seed's model states."""
     steps_done: int = 0
     losses: list[float] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)
@@ -75,7 +77,13 @@ class TrainLog:
     """Index of the first step whose time counts for throughput (the first unprobed one)."""
     model_states: StateBytes = field(default_factory=lambda: StateBytes(0, 0, 0))
 
+    def time_after_probes(self, probe_steps: int, steps: int) -> None:
+        """Time throughput from the first unprobed step of `steps` (the probe's ledger slows the probed
+        ones); from the last step when every step is probed, from the first when there is only one."""
+        self.timed_from = min(probe_steps, steps - 1) if steps > probe_steps else 0
+
     def throughput(self) -> dict[str, float | int | None]:
+        """Tokens per second and step time over the unprobed steps (the probe's ledger slows the first ones)."""
         times, toks = self.step_times[self.timed_from:], self.step_tokens[self.timed_from:]
         if not times:
             return {"tokens_per_s": None, "step_time_s": None, "step_time_median_s": None, "timed_steps": 0}
@@ -99,7 +107,7 @@ def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: lis
     scaler = torch.amp.GradScaler(device.type) if precision == "amp-fp16" else None
     probe.optimizer = optimizer
     ledger_always = device.type == "cpu"  # on the CPU the ledger is the allocator
-    log.timed_from = min(probe_steps, setup.steps - 1) if setup.steps > probe_steps else 0
+    log.time_after_probes(probe_steps, setup.steps)
     stream = endless_windows(batches, setup.grad_accum)
 
     for step in range(1, setup.steps + 1):

@@ -73,9 +73,11 @@ class VerifyReport:
 
     @property
     def passed(self) -> bool:
+        """Whether the accumulated gradient matches the full batch's within the dtype's tolerance."""
         return self.max_rel_error <= self.tolerance
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as plain data (`verify-accumulation --json`)."""
         return {**asdict(self), "passed": self.passed, "window_tokens": sum(self.label_tokens),
                 "loss_error": abs(self.loss_accumulated - self.loss_full),
                 "naive_loss_error": abs(self.loss_naive - self.loss_full), "dropout_note": DROPOUT_NOTE}

@@ -1,4 +1,8 @@
-"""Entry point of the isolated experiment process: `python -m trainmem.worker JOB.json RESULT.json`."""
+"""Entry point of the isolated experiment process: `python -m trainmem.worker JOB.json RESULT.json`.
+
+The job comes from `runner.run`, which validated the setup against the model; the worker checks only
+what depends on the process it runs in (`engines.execute_validated`) and writes one row, whole or none.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +10,17 @@ import json
 import os
 import sys
 
+from .engines import execute_validated
 from .errors import SetupError
-from .runner import execute
-from .setup import TrainSetup
-from .specs import ModelSpec
+from .job import from_job
 
 
 def main(job_path: str, out_path: str) -> int:
+    """Run the job and write its row (or the setup's problems, status `invalid`) to `out_path`."""
     with open(job_path) as f:
-        job = json.load(f)
-    spec = ModelSpec(**job["spec"])
-    setup = TrainSetup.from_dict(job["setup"])
+        spec, setup = from_job(json.load(f))
     try:
-        row = execute(spec, setup).to_dict()
+        row = execute_validated(spec, setup).to_dict()
     except SetupError as e:
         row = {"status": "invalid", "problems": e.problems}
     with open(out_path + ".tmp", "w") as f:

@@ -6,7 +6,7 @@ import pytest
 
 from trainmem import ModelSpec, TrainSetup
 from trainmem.build import has_bitsandbytes
-from trainmem.runner import execute
+from trainmem.engines import execute
 
 pytestmark = pytest.mark.gpu
 SPEC = ModelSpec.resolve("tiny-llama")

@@ -20,6 +20,7 @@ COMMANDS = {"run": run_cmd, "estimate": estimate_cmd, "verify-accumulation": ver
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse `argv` into one subcommand's flags and run it; a SetupError becomes its problems on stderr and exit 2."""
     parser = argparse.ArgumentParser(prog="trainmem", description="Plan, measure and explain GPU memory "
                                      "when fine-tuning causal language models.")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -10,29 +10,23 @@ import sys
 
 from rich.console import Console
 
-from ..errors import SetupError
-from ..estimator import METHODS, estimate
 from ..render import print_result
-from .options import add_setup_arguments, setup_from_args
+from . import options
 
 
 def register(p: argparse.ArgumentParser) -> None:
-    add_setup_arguments(p)
-    p.add_argument("--method", default="auto", help=f"{'|'.join(METHODS)} (default auto: simulate where it "
-                   "models the setup, analytic otherwise)")
-    p.add_argument("--margin", default="0.02", help="headroom kept free on the card, a fraction of its capacity (default 0.02)")
-    p.add_argument("--json", action="store_true", help="print the result object as JSON")
-    p.add_argument("--out", metavar="FILE.jsonl", help="append the result object to this file")
+    options.add_setup_arguments(p)
+    options.add_estimator(p, "--method", "auto", " (default auto: simulate where it models the setup, analytic otherwise)")
+    options.add_margin(p)
+    options.add_output(p, "the result object")
 
 
 def main(args: argparse.Namespace) -> int:
-    spec, setup = setup_from_args(args)
-    try:
-        margin = float(args.margin)
-        if not 0 <= margin < 1:
-            raise ValueError
-    except ValueError:
-        raise SetupError([f"--margin: expected a fraction in [0, 1), got {args.margin!r}"]) from None
+    from ..estimator import estimate  # imports torch: only once an estimate is asked for
+
+    problems: list[str] = []
+    margin = options.margin(args, problems)
+    spec, setup = options.setup_from_args(args, problems)
     console = Console(stderr=args.json)
     if setup.gpu is None and setup.device != "cpu":
         from ..gpus import this_card

@@ -12,19 +12,18 @@ from rich.console import Console
 
 from ..render import print_result
 from ..runner import run
-from .options import add_setup_arguments, setup_from_args
+from . import options
 
 
 def register(p: argparse.ArgumentParser) -> None:
-    add_setup_arguments(p)
-    p.add_argument("--json", action="store_true", help="print the result object as JSON")
-    p.add_argument("--out", metavar="FILE.jsonl", help="append the result object to this file")
+    options.add_setup_arguments(p)
+    options.add_output(p, "the result object")
     p.add_argument("--phases", action="store_true", help="also print the phase-by-phase table")
     p.add_argument("--no-isolate", action="store_true", help="run in this process (faster, may leak memory)")
 
 
 def main(args: argparse.Namespace) -> int:
-    spec, setup = setup_from_args(args)
+    spec, setup = options.setup_from_args(args)
     console = Console(stderr=args.json)
     with console.status(f"training {spec.name} ({spec.source}) for {setup.steps} steps..."):
         result = run(spec, setup, isolate=not args.no_isolate)

@@ -18,14 +18,14 @@ from rich.console import Console
 from rich.table import Table
 
 from ..verify import DROPOUT_NOTE, TOLERANCES, VerifyReport, verify_accumulation
-from .options import add_setup_arguments, setup_from_args
+from . import options
 
 # A float64 copy on the CPU: the GPU default of `run` (polyglot-ko-1.3b) would need tens of GiB here.
 DEFAULT_MODEL = "tiny-gpt-neox"
 
 
 def register(p: argparse.ArgumentParser) -> None:
-    add_setup_arguments(p)
+    options.add_setup_arguments(p)
     p.add_argument("--full-batch", type=int, default=8, metavar="N", help="samples in the full batch (default 8)")
     p.add_argument("--micro-batch", type=int, default=3, metavar="N",
                    help="samples per micro-batch (default 3: the last micro-batch is partial)")
@@ -35,6 +35,7 @@ def register(p: argparse.ArgumentParser) -> None:
 
 
 def print_report(r: VerifyReport, console: Console) -> None:
+    """The accumulation check in words: per group, trainmem's error next to the naive rule's, then the verdict."""
     console.print(f"[bold]{r.model.get('name')}[/bold]  {r.setup.get('peft')}, {r.dtype}, full batch "
                   f"{r.full_batch} = {r.micro_batches} micro-batches of {r.micro_batch} "
                   f"(label tokens {', '.join(map(str, r.label_tokens))})")
@@ -59,7 +60,7 @@ def print_report(r: VerifyReport, console: Console) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.model is None and args.config is None:
         args.model = DEFAULT_MODEL
-    spec, setup = setup_from_args(args)
+    spec, setup = options.setup_from_args(args)
     device = "cpu" if setup.device == "auto" else setup.device
     console = Console(stderr=args.json)
     with console.status(f"comparing gradients of {spec.name}..."):

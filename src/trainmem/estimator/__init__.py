@@ -21,13 +21,13 @@ import torch
 
 from ..gpus import CATALOG, GPU, find_gpu
 from ..measure import TensorLedger
-from ..setup import TrainSetup
+from ..setup import ESTIMATORS, TrainSetup
 from ..specs import ModelSpec
 from . import allocator, analytic, quantized, runtime, sharded, sharding, states
 from .breakdown import ADVICE, Breakdown
 from .simulate import simulate_step
 
-METHODS = ("auto", "analytic", "simulate")
+METHODS = ESTIMATORS
 
 
 def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str = "auto") -> Breakdown:
@@ -220,12 +220,12 @@ def _builder(spec: ModelSpec, setup: TrainSetup, precision: str) -> Callable[[Te
     resets the peaks after it), then loaded 4-bit, cast by peft, cache emptied, adapters added."""
     if setup.peft != "qlora":
         return lambda ledger: states.meta_model(spec, setup, precision)
-    from ..build import AUTOCAST_DTYPES, WEIGHT_DTYPES, _lora_config
+    from ..build import AUTOCAST_DTYPES, WEIGHT_DTYPES, lora_config
 
     base = states.meta_model(spec, setup.replace(peft="none"), precision)  # built before recording starts
     dtype = WEIGHT_DTYPES[precision]
     compute = dtype if dtype != torch.float32 else AUTOCAST_DTYPES.get(precision, torch.float32)
-    return lambda ledger: quantized.qlora_model(base, _lora_config(setup), compute, ledger)
+    return lambda ledger: quantized.qlora_model(base, lora_config(setup), compute, ledger)
 
 
 def _replay(events: list[tuple[int, int]], cap: int | None, notes: list[str]) -> int:

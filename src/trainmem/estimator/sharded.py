@@ -5,7 +5,7 @@ The model is built on the meta device and wrapped as `trainmem run` wraps it (`f
 fake process group of N ranks; then, under `FakeTensorMode`, its sharded parameters are materialised
 on the (fake) CPU device and `simulate.simulate_step` runs two optimizer steps under the TensorLedger,
 which follows FSDP2's sharded and unsharded storages through the same hooks as the gloo and fake-group
-runs (`distributed._follow_fsdp_storage`). The group is destroyed when the simulation ends.
+runs (`distributed.follow_fsdp_storage`). The group is destroyed when the simulation ends.
 
 Why fake CPU tensors and not meta ones: FSDP2 refuses meta parameters at its first forward
 (`FSDPParamGroup._validate_no_meta_params`, "FSDP parameters should be materialized from meta device
@@ -37,7 +37,7 @@ def simulate_fsdp_rank(spec: ModelSpec, setup: TrainSetup, precision: str,
     weights, gradients and optimizer states after its last optimizer step."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from ..distributed import _follow_fsdp_storage
+    from ..distributed import follow_fsdp_storage
     from ..fake_group import fake_group, shard_model
 
     with fake_group(rank, setup.gpus):
@@ -48,4 +48,4 @@ def simulate_fsdp_rank(spec: ModelSpec, setup: TrainSetup, precision: str,
 
         # meta tensors (the sharded parameters before to_empty) enter the fake mode as inputs
         with FakeTensorMode(allow_non_fake_inputs=True):
-            return simulate_step(build, setup, precision, device="cpu", follow=_follow_fsdp_storage)
+            return simulate_step(build, setup, precision, device="cpu", follow=follow_fsdp_storage)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SHARDS = ("none", "ddp", "zero1", "zero2", "zero3", "fsdp")
-OFFLOADS = ("none", "optimizer", "params")
 
 
 @dataclass(frozen=True)

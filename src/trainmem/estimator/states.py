@@ -48,7 +48,7 @@ def meta_model(spec: ModelSpec, setup: TrainSetup, precision: str) -> Any:
     """The real Hugging Face model (and peft adapters) on the meta device, in the weights' dtype."""
     from transformers import AutoModelForCausalLM
 
-    from ..build import WEIGHT_DTYPES, _lora_config
+    from ..build import WEIGHT_DTYPES, lora_config
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(spec.hf_config(), dtype=WEIGHT_DTYPES[precision],
@@ -57,7 +57,7 @@ def meta_model(spec: ModelSpec, setup: TrainSetup, precision: str) -> Any:
         if setup.peft in ("lora", "qlora"):
             from peft import get_peft_model
 
-            model = get_peft_model(model, _lora_config(setup))
+            model = get_peft_model(model, lora_config(setup))
     return model
 
 

@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from ..measure import CudaReader, LedgerReader, StateBytes, TensorLedger, optimizer_tensors, state_bytes
-from ..measure import gradient_tensors, weight_tensors
+from .. import core
+from ..measure import StateBytes, gradient_tensors, optimizer_tensors, state_bytes, weight_tensors
 from ..result import Result
 from ..setup import TrainSetup
 from ..specs import ModelSpec
@@ -81,11 +81,7 @@ class MemoryCallback(TrainerCallback):
                        **kwargs: Any) -> None:
         self.model, self.optimizer = model, _optimizer(optimizer)
         self.device = next(model.parameters()).device
-        on_cpu = self.device.type == "cpu"
-        self.ledger = TensorLedger(self._live_state, cap=self.cap if on_cpu else None)
-        self.reader = LedgerReader(self.ledger) if on_cpu else CudaReader(self.device)
-        if self.cap is not None and not on_cpu:
-            self.reader.cap(self.cap)
+        self.ledger, self.reader = core.readers(self.device, self._live_state, self.cap)
         self.probe = Probe(self.reader, self.ledger, model, self.optimizer)
         self.log, self.steps_seen, self.in_step, self.pending = TrainLog(), 0, False, {}
         self.seq_len = self.batch_size = self.tokens = self.micro = 0
@@ -183,8 +179,6 @@ class MemoryCallback(TrainerCallback):
         status `oom` (with the phase and the allocation that failed) or `error` (with the traceback)."""
         import traceback
 
-        from ..measure import requested_bytes
-
         if not hasattr(self, "probe"):  # it failed before training began: nothing was measured
             raise err
         if self.in_step and self.tracking:
@@ -199,9 +193,7 @@ class MemoryCallback(TrainerCallback):
             self.result.error = "".join(traceback.format_exception(err))
             return self.result
         self.result.status = "oom"
-        self.result.oom = {"phase": self.probe.current, "tried_to_allocate": requested_bytes(err),
-                           "peak_allocated": self.probe.peak_allocated or self.ledger.peak,
-                           "message": str(err).splitlines()[0]}
+        self.result.oom = core.oom_record(err, self.probe, self.ledger)
         return self.result
 
     # --- the result ---------------------------------------------------------------------------
@@ -209,13 +201,10 @@ class MemoryCallback(TrainerCallback):
         return state_bytes(self.model, self.optimizer)
 
     def _memory(self) -> dict[str, int]:
-        from ..runner import memory_at_peak
-
-        return memory_at_peak(self.probe, self.ledger, self.device.type)
+        return core.read_memory(self.probe, self.ledger, self.device.type)
 
     def _result(self, args: Any, state: Any, model: Any, loader: Any) -> Result:
         from ..build import trainable_parameters
-        from ..runner import environment
 
         dataset = getattr(loader, "dataset", None)
         more: dict[str, Any] = {"device": self.device.type, "steps": int(state.max_steps), "engine": "trainer"}
@@ -227,14 +216,11 @@ class MemoryCallback(TrainerCallback):
         self.spec = self.spec or spec_of(model)
         trainable, total = trainable_parameters(model)
         log = self.log
-        log.timed_from = min(self.probe_steps, len(log.step_times) - 1) if len(log.step_times) > self.probe_steps else 0
-        return Result(kind="measurement", status="ok", setup=self.setup.to_dict(),
-                      model={**self.spec.describe(), "trainable_parameters": trainable, "loaded_parameters": total,
-                             "attention": getattr(model.config, "_attn_implementation", None)},
-                      memory=self._memory(), model_states=log.model_states.to_dict(), phases=self.probe.phases,
-                      throughput=log.throughput(), env=environment(self.device.type, self.reader),
-                      effective_batch=self.setup.effective_batch, steps_done=log.steps_done,
-                      peak_phase=self.ledger.peak_phase, losses=log.losses)
+        log.time_after_probes(self.probe_steps, len(log.step_times))
+        result = core.new_result(self.spec, self.setup, core.environment(self.device.type, self.reader))
+        result.model.update(trainable_parameters=trainable, loaded_parameters=total,
+                            attention=getattr(model.config, "_attn_implementation", None))
+        return core.finish(result, self.probe, self.ledger, log, self.device.type)
 
     def _compare(self) -> None:
         from ..estimator import estimate

@@ -7,24 +7,10 @@ without it the tables and the page are written, the plots are not, and `plots.MI
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
+from ..result import read_rows as load_rows
 from . import html, plots, tables
-
-
-def load_rows(path: str | Path) -> list[dict[str, Any]]:
-    """The result rows of a JSONL file; lines cut short by a killed sweep are ignored."""
-    rows = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and str(row.get("schema", "")).startswith("trainmem.result/"):
-            rows.append(row)
-    return rows
 
 
 def write_report(source: str | Path, out: str | Path, gpu: str | None = None) -> dict[str, Path]:

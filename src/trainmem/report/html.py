@@ -21,6 +21,7 @@ NUMERIC = {"measured GiB", "estimated GiB", "error", "tokens/s"}
 
 
 def table(comparison: list[dict[str, Any]], cells_of: Any = display_rows, id_: str = "comparison-table") -> str:
+    """The comparison as an HTML table (the page's only table markup; cells escaped)."""
     head, body = cells_of(comparison)
     cls = ["num" if h in NUMERIC else "" for h in head]
     rows = ["<tr>" + "".join(f'<td class="{c}">{escape(v)}</td>' for c, v in zip(cls, cells)) + "</tr>"
@@ -31,6 +32,7 @@ def table(comparison: list[dict[str, Any]], cells_of: Any = display_rows, id_: s
 
 def page(comparison: list[dict[str, Any]], source: str | Path, pngs: dict[str, Path],
          chapter_lines: list[dict[str, Any]] | None = None) -> str:
+    """One self-contained HTML page: the comparison, the chapter's figures and the plots inlined as base64 PNGs."""
     title = f"trainmem report: {Path(source).name}"
     images = "".join(f'<figure id="plot-{escape(name)}"><img alt="{escape(name)}" src="data:image/png;base64,'
                      f'{base64.b64encode(path.read_bytes()).decode()}"></figure>' for name, path in pngs.items())

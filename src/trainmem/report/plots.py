@@ -20,6 +20,7 @@ MISSING = "matplotlib is not installed: pip install 'trainmem[report]' for the p
 
 
 def available() -> bool:
+    """Whether matplotlib is installed: plots are optional (`trainmem[report]`), tables are not."""
     import importlib.util
 
     return importlib.util.find_spec("matplotlib") is not None

@@ -24,6 +24,7 @@ KEY_FIELDS = ("batch_size", "grad_accum", "seq_len", "checkpointing", "peft", "l
 
 
 def setup_key(row: dict[str, Any]) -> str:
+    """What pairs a measurement with its estimate: the model and the setup fields that shape memory (`KEY_FIELDS`)."""
     return json.dumps([row["model"]["name"], [row["setup"].get(k) for k in KEY_FIELDS]])
 
 
@@ -100,6 +101,7 @@ def chapter(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def chapter_display(lines: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """The chapter table as headers and rows of text, shared by the markdown and the HTML page."""
     head = ["run", "book: after first step", "book: states (opt / grad)", "trainmem: states (opt / grad)",
             "trainmem: measured peak", "trainmem: estimated peak", "verdict", "why they differ"]
 
@@ -127,6 +129,7 @@ def write_csv(comparison: list[dict[str, Any]], path: Path) -> None:
 
 
 def gib(x: int | None) -> str:
+    """Bytes as GiB with three decimals, empty for a missing figure."""
     return "" if x is None else f"{x / GiB:.3f}"
 
 
@@ -149,6 +152,7 @@ CHAPTER_INTRO = ("The seed chapter's published figures (Colab T4, transformers 4
 
 def markdown(comparison: list[dict[str, Any]], source: str | Path, pngs: dict[str, Path],
              chapter_lines: list[dict[str, Any]] | None = None) -> str:
+    """report.md: the comparison, the chapter's published figures beside trainmem's, and links to the plots."""
     head, body = display_rows(comparison)
     lines = [f"# trainmem report: {Path(source).name}", "",
              (f"{len(comparison)} setups. `error` is the estimate's peak_allocated against the measured one "
