@@ -1,6 +1,7 @@
 """The step-time model against measured step times on the H200: fit, compare, and a held-out set to measure.
 
     python benchmarks/time_validate.py compare JSONL ...          # anywhere: predicted vs measured per row
+    python benchmarks/time_validate.py compare docs/data/*.jsonl  # the in-sample table of docs/time-model.md
     python benchmarks/time_validate.py fit                        # anywhere: refit timing.FITTED on FIT_FILES
     python benchmarks/time_validate.py measure OUT_DIR [INDEX ...] # on the H200: TIME_SET, one process each
 
@@ -18,7 +19,6 @@ predicted for the H200. Rows of `--engine trainer` (Trainer's own loop, gradient
 from __future__ import annotations
 
 import functools
-import glob
 import json
 import os
 import statistics
@@ -28,8 +28,15 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(__file__))
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FIT_FILES = sorted(glob.glob(os.path.join(HERE, "..", "docs", "data", "*.jsonl")))
-"""The calibration data: every committed H200 measurement row with a step time (see `rows`)."""
+FIT_FILES = [os.path.join(HERE, "..", "docs", "data", f) for f in (
+    "chapter-h200-2026-12-02.jsonl", "chapter-measured-and-estimated-2026-12-02.jsonl",
+    "sweep-chapter-t4-h200-2026-12-02.jsonl", "trainer-vs-loop-h200-2026-12-02.jsonl",
+    "validation-h200-2026-12-02.jsonl", "validation-isolated-h200-2026-12-03.jsonl",
+    "validation-held-out-h200-2026-12-03.jsonl", "validation-held-out-2-h200-2026-12-03.jsonl",
+    "validation-held-out-3-h200-2026-12-03.jsonl")]
+"""The calibration data: the H200 measurement files committed before the time model existed (every one of
+their rows with a step time, see `rows`). Named, not globbed, so that the held-out file stays held out
+when it is committed next to them."""
 
 STEPS = 8
 """Steps per held-out run: 2 probed, then 6 timed (median of >= 4 steady steps)."""

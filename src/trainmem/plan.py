@@ -133,7 +133,8 @@ def search(spec: ModelSpec, base: TrainSetup, card: GPU, target: int, allow: Ite
     parallel = None if estimate_fn else (lambda setups: _simulate_in_parallel(spec, setups))
     estimate_fn = estimate_fn or (lambda s, m: estimate(spec, s, m))
     time_fn = time_fn or _default_time
-    base = base.replace(gpu=card.name)
+    # `auto` made the checkpoint's dtype, as a CUDA run resolves it, so the command says what will run
+    base = base.replace(gpu=card.name, precision=base.resolved_precision(spec, "cuda"))
     plan = Plan(spec.name, card.name, target, base.seq_len, job)
     fitting: list[tuple[Option, TrainSetup]] = []
     invalid: set[str] = set()
@@ -151,7 +152,8 @@ def search(spec: ModelSpec, base: TrainSetup, card: GPU, target: int, allow: Ite
             fitting.append((option, setup))
     if invalid and not plan.searched:
         raise SetupError(sorted(invalid))
-    fitting.sort(key=lambda o: (o[0].step_s, o[0].level != "fits", o[0].need))
+    # near-ties (equal to 3 significant digits) go to the setup that changes less of what the user gave
+    fitting.sort(key=lambda o: (float(f"{o[0].step_s:.3g}"), _changes(o[1], base), o[0].level != "fits", o[0].need))
     plan.options = _confirm(fitting, card, margin, finalists, estimate_fn, plan, every, parallel)
     return plan
 
@@ -168,8 +170,13 @@ def _option(setup: TrainSetup, b: Breakdown, card: GPU, margin: float, time_fn: 
 
 
 def family(s: TrainSetup) -> tuple:
-    """What a setup trains with, micro-batch and accumulation aside."""
-    return (s.peft, s.checkpointing, s.optimizer, s.precision)
+    """The kind of setup a row of the plan stands for: method, checkpointing, precision (micro-batch,
+    accumulation and optimizer are what the row picks the fastest of)."""
+    return (s.peft, s.checkpointing, s.precision)
+
+
+def _changes(s: TrainSetup, base: TrainSetup) -> int:
+    return sum(getattr(s, f) != getattr(base, f) for f in ("peft", "checkpointing", "optimizer", "precision"))
 
 
 def _simulated(setup: TrainSetup) -> TrainSetup:

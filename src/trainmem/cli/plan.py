@@ -39,7 +39,7 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", metavar="E", help="with --dataset-size: epochs the job trains")
     p.add_argument("--dataset-size", metavar="D", help="with --epochs: samples in the dataset (each --seq-len tokens)")
     p.add_argument("--margin", default="0.02", help="headroom kept free on the card, a fraction of its capacity (default 0.02)")
-    p.add_argument("--top", default="5", metavar="K", help="setups listed (default 5)")
+    p.add_argument("--top", default="6", metavar="K", help="setups listed (default 6)")
     p.add_argument("--finalists", default=str(FINALISTS), metavar="F",
                    help=f"fastest setups confirmed with the simulate method (default {FINALISTS})")
     p.add_argument("--all", action="store_true", help="list every micro-batch, not only the fastest of each kind")
@@ -164,7 +164,7 @@ def print_plan(plan: Plan, console: Console, allow: tuple[str, ...] = ()) -> Non
     console.print(f"[bold]{plan.model} on the {plan.gpu}: effective batch {plan.target_batch} x {plan.seq_len} tokens"
                   f"{', ' + fixed if fixed else ''}{job}[/bold]", highlight=False)
     console.print(f"{plan.searched} setups estimated, {plan.not_fitting} do not fit; the fastest of each kind, "
-                  "fastest first (times predicted, docs/time-model.md)", highlight=False)
+                  "fastest first (predicted: docs/time-model.md)", highlight=False)
     if not plan.options:
         console.print(f"[red]Nothing fits the {plan.gpu}[/red] at effective batch {plan.target_batch}; "
                       "allow more with --allow peft,optimizer,precision, or pick a bigger card.")
@@ -180,8 +180,8 @@ def print_plan(plan: Plan, console: Console, allow: tuple[str, ...] = ()) -> Non
                f"{o.tokens_per_s:,.0f}", f"{o.mfu:.0%}"]
         table.add_row(*row, *([_duration(plan.job_s(o))] if plan.job_tokens else []))
     console.print(table)
-    console.print("peak: what the card holds at the peak (reserved + outside the allocator); free: left within the "
-                  "margin; sim/ana: verdict of the simulate / analytic estimate", style="dim", highlight=False)
+    console.print("peak: reserved + outside the allocator; free: within the margin; sim/ana: simulate/analytic "
+                  "verdict", style="dim", highlight=False)
     for d in plan.dropped:
         s = d["setup"]
         console.print(f"dropped: {s['batch_size']} x {s['grad_accum']} {s['peft']}"
