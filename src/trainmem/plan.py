@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable
 
 from .errors import SetupError
 from .estimator.breakdown import Breakdown
-from .gpus import GPU
+from .gpus import GPU, speed_of
 from .setup import TRAINER_OPTIMS, TrainSetup
 from .specs import ModelSpec
 
@@ -130,12 +130,18 @@ def search(spec: ModelSpec, base: TrainSetup, card: GPU, target: int, allow: Ite
         raise SetupError([f"--target-batch: expected a whole number >= 1, got {target}"])
     from .estimator import estimate
 
+    if time_fn is None and speed_of(card) is None:
+        raise SetupError([f"--gpu: the catalog has no speed figures for the {card.name} (gpus.SPEEDS), so plan "
+                          "cannot rank setups by time; pass a catalog card of the same kind"])
     parallel = None if estimate_fn else (lambda setups: _simulate_in_parallel(spec, setups))
     estimate_fn = estimate_fn or (lambda s, m: estimate(spec, s, m))
     time_fn = time_fn or _default_time
     # `auto` made the checkpoint's dtype, as a CUDA run resolves it, so the command says what will run
     base = base.replace(gpu=card.name, precision=base.resolved_precision(spec, "cuda"))
     plan = Plan(spec.name, card.name, target, base.seq_len, job)
+    if not card.measured:
+        plan.notes.append(f"times on the {card.name} are derived from its datasheet figures with efficiencies fitted "
+                          "on H200 runs (docs/time-model.md), and its host time is the H200 machine's")
     fitting: list[tuple[Option, TrainSetup]] = []
     invalid: set[str] = set()
     for setup in grid(base, target, allow, card):

@@ -193,7 +193,7 @@ def print_plan(plan: Plan, console: Console, allow: tuple[str, ...] = ()) -> Non
     if win.level == "tight":
         console.print("[yellow]The winner is tight: less than the margin stays free; the next one down is safer.[/yellow]")
     for note in plan.notes:
-        console.print(f"note: {note}", highlight=False)
+        console.print(f"note: {note}", highlight=False, soft_wrap=True)
 
 
 def _gib(n: int) -> str:
