@@ -251,7 +251,7 @@ def isolated(out_dir: str, indices: list[int], setups: list[tuple[str, dict]] = 
     for i in indices or range(len(setups)):
         arch, kw = setups[i]
         t0 = time.time()
-        r = trainmem.run(MODELS[arch], trainmem.TrainSetup(steps=steps, **kw), timeout=300)
+        r = trainmem.run(MODELS[arch], trainmem.TrainSetup(**{"steps": steps, **kw}), timeout=300)
         _keep(r, path, f"[{i}] {arch} {kw}", t0)
     return 0
 

@@ -269,3 +269,79 @@ def this_card() -> str | None:
     CATALOG[card.name] = card
     _INDEX[_key(card.name)] = card
     return card.name
+
+
+# --- speed figures for the step-time model (trainmem.estimator.timing) -----------------------------------
+@dataclass(frozen=True)
+class Speed:
+    """A card's peak dense throughput and bandwidth, as its vendor publishes them (no sparsity)."""
+
+    half_tflops: float
+    """Dense fp16/bf16 tensor-core TFLOPS with fp32 accumulation (what PyTorch's matmuls use)."""
+    fp32_tflops: float
+    """Plain fp32 (CUDA-core) TFLOPS: PyTorch runs fp32 matmuls without TF32 unless told to
+    (`torch.backends.cuda.matmul.allow_tf32` is False by default)."""
+    tf32_tflops: float | None
+    """Dense TF32 tensor-core TFLOPS (None before Ampere); used only where TF32 is enabled."""
+    bandwidth_gbs: float
+    """Device memory bandwidth, GB/s (10**9 bytes)."""
+    pcie_gbs: float
+    """Host link, GB/s per direction (PCIe 3.0 x16 ~16, 4.0 ~32, 5.0 ~64; the SXM cards' host link too)."""
+    source: str
+
+
+_AMPERE_WP = "NVIDIA Ampere GA102 GPU architecture whitepaper v2.1 (2021), appendix table"
+_ADA_WP = "NVIDIA Ada GPU architecture whitepaper v2.1 (2023), appendix tables"
+SPEEDS: dict[str, Speed] = {
+    "T4": Speed(65, 8.1, None, 320, 16,
+                "NVIDIA T4 datasheet (tesla-t4-datasheet-951643): 65 TFLOPS mixed FP16/FP32, 8.1 TFLOPS FP32, "
+                "320 GB/s, PCIe 3.0 x16"),
+    "V100-16GB": Speed(125, 15.7, None, 900, 16,
+                       "NVIDIA V100 datasheet (SXM2): 125 TFLOPS tensor, 15.7 TFLOPS FP32, 900 GB/s, PCIe 3.0 host"),
+    "V100-32GB": Speed(125, 15.7, None, 900, 16,
+                       "NVIDIA V100 datasheet (SXM2): 125 TFLOPS tensor, 15.7 TFLOPS FP32, 900 GB/s, PCIe 3.0 host"),
+    "L4": Speed(121, 30.3, 60, 300, 32,
+                "NVIDIA L4 datasheet: FP16/BF16 tensor 242 TFLOPS with sparsity (121 dense), TF32 120 sparse "
+                "(60 dense), FP32 30.3, 300 GB/s, PCIe 4.0 x16"),
+    "A10G": Speed(125, 31.2, 62.5, 600, 32,
+                  "NVIDIA A10 datasheet (A10G is AWS's variant of it, not published separately: A10 figures "
+                  "taken): FP16/BF16 tensor 250 sparse (125 dense), TF32 62.5 dense, FP32 31.2, 600 GB/s, PCIe 4.0"),
+    "RTX-3060-12GB": Speed(25.5, 12.7, 12.7, 360, 32,
+                           _AMPERE_WP + " scaled to the RTX 3060's 28 SMs at 1.78 GHz (GeForce: FP16 tensor with FP32 "
+                           "accumulate at half rate), 360 GB/s, PCIe 4.0"),
+    "RTX-3090": Speed(71, 35.6, 35.6, 936, 32,
+                      _AMPERE_WP + ": RTX 3090 FP16 tensor with FP32 accumulate 71 dense, TF32 35.6, FP32 35.6, 936 GB/s"),
+    "RTX-4080": Speed(97.5, 48.7, 48.7, 717, 32,
+                      _ADA_WP + ": RTX 4080 FP16 tensor with FP32 accumulate 97.5 dense, FP32 48.7, 716.8 GB/s"),
+    "RTX-4090": Speed(165.2, 82.6, 82.6, 1008, 32,
+                      _ADA_WP + ": RTX 4090 FP16 tensor with FP32 accumulate 165.2 dense, FP32 82.6, 1008 GB/s"),
+    "RTX-5090": Speed(209.5, 104.8, 104.8, 1792, 64,
+                      "NVIDIA RTX Blackwell GPU architecture whitepaper v1.0 (2025): RTX 5090 FP16 tensor with FP32 "
+                      "accumulate 209.5 dense, FP32 104.8, 1792 GB/s, PCIe 5.0"),
+    "A4000": Speed(76.7, 19.2, 38.4, 448, 32,
+                   "NVIDIA RTX A4000 datasheet: tensor 153.4 TFLOPS with sparsity (76.7 dense), FP32 19.2, 448 GB/s"),
+    "A5000": Speed(111.1, 27.8, 55.6, 768, 32,
+                   "NVIDIA RTX A5000 datasheet: tensor 222.2 TFLOPS with sparsity (111.1 dense), FP32 27.8, 768 GB/s"),
+    "A6000": Speed(154.8, 38.7, 77.4, 768, 32,
+                   "NVIDIA RTX A6000 datasheet: tensor 309.7 TFLOPS with sparsity (154.8 dense), FP32 38.7, 768 GB/s"),
+    "L40S": Speed(362, 91.6, 183, 864, 32,
+                  "NVIDIA L40S datasheet: BF16/FP16 tensor 733 TFLOPS with sparsity (362 dense), TF32 183 dense, "
+                  "FP32 91.6, 864 GB/s, PCIe 4.0"),
+    "A100-40GB": Speed(312, 19.5, 156, 1555, 32,
+                       "NVIDIA A100 datasheet (SXM4 40GB): BF16/FP16 tensor 312, TF32 156, FP32 19.5, 1555 GB/s, PCIe 4.0"),
+    "A100-80GB": Speed(312, 19.5, 156, 2039, 32,
+                       "NVIDIA A100 datasheet (SXM4 80GB): BF16/FP16 tensor 312, TF32 156, FP32 19.5, 2039 GB/s, PCIe 4.0"),
+    "H100-80GB": Speed(989, 67, 494.5, 3350, 64,
+                       "NVIDIA H100 datasheet (SXM): BF16/FP16 tensor 1979 with sparsity (989 dense), TF32 494.5 dense, "
+                       "FP32 67, 3.35 TB/s, PCIe 5.0"),
+    "H200": Speed(989, 67, 494.5, 4800, 64,
+                  "NVIDIA H200 datasheet (SXM): BF16/FP16 tensor 1979 with sparsity (989 dense), TF32 494.5 dense, "
+                  "FP32 67, 4.8 TB/s, PCIe 5.0"),
+}
+"""Peak figures per catalog card (docs/time-model.md lists them with their sources). Only the H200's
+step times are measured; every other card's predicted time is derived from these figures."""
+
+
+def speed_of(card: GPU) -> Speed | None:
+    """The card's speed figures; None for a card the catalog does not know (e.g. `this_card()`'s record)."""
+    return SPEEDS.get(card.name)

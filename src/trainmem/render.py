@@ -74,6 +74,10 @@ def result_tables(r: Result, phases: bool = False) -> list[Any]:
     if tp.get("tokens_per_s"):
         out.append(f"throughput: {tp['tokens_per_s']:,.0f} tokens/s, {tp['step_time_s'] * 1000:.1f} ms/step "
                    f"over {tp['timed_steps']} unprobed step(s)")
+    if r.time.get("step_s"):
+        t = r.time
+        out.append(f"predicted time on the {t['card']}: {t['step_s'] * 1000:.1f} ms/step, {t['tokens_per_s']:,.0f} "
+                   f"tokens/s, MFU {t['mfu']:.0%}" + (" (derived from its datasheet figures)" if t.get("derived") else ""))
     if r.verdict:
         out.append(verdict_line(r.verdict))
     if r.oom:

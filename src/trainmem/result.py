@@ -70,6 +70,8 @@ class Result:
     """For estimates: the named terms behind the breakdown."""
     verdict: dict[str, Any] | None = None
     """For estimates with a card: fits, headroom in bytes, the component to cut first."""
+    time: dict[str, Any] = field(default_factory=dict)
+    """For estimates: the predicted step time (step_s, tokens_per_s, mfu) on the modelled card."""
     ranks: list[dict[str, Any]] = field(default_factory=list)
     """Multi-process runs: per rank its `memory` and `model_states`; the top level is the worst rank."""
     schema: str = SCHEMA

@@ -23,7 +23,7 @@ from ..gpus import CATALOG, GPU, find_gpu
 from ..measure import TensorLedger
 from ..setup import ESTIMATORS, TrainSetup
 from ..specs import ModelSpec
-from . import allocator, analytic, quantized, runtime, sharded, sharding, states
+from . import allocator, analytic, quantized, runtime, sharded, sharding, states, timing
 from .breakdown import ADVICE, Breakdown
 from .simulate import simulate_step
 
@@ -103,12 +103,34 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
     paged = model_states["optimizer"] if setup.optimizer == "paged-adamw-8bit" else 0
     overhead = runtime_card.overhead(setup.attention, precision, setup.peft)
     memory["device_used"] = memory["peak_reserved"] + overhead + paged
+    time = _time(inv, setup, precision, runtime_card, notes)
     installed = runtime.versions()
     if runtime.version_note(installed):
         notes.append(runtime.version_note(installed))
     env = {**installed, "validated_on": dict(runtime.VALIDATED_ON)}
     return Breakdown(method, memory, model_states, phase, resolved.to_dict(), model, overhead,
-                     terms, tuple(notes), env)
+                     terms, tuple(notes), env, time)
+
+
+def _time(inv: states.Inventory, setup: TrainSetup, precision: str, card: GPU,
+          notes: list[str]) -> dict[str, Any] | None:
+    """The predicted step time on `card` (`timing.py`), saying where it is derived rather than measured."""
+    try:
+        step = timing.step_time(timing.workload(inv, setup, precision, card), card)
+    except ValueError as e:  # no decoder-layer list to count
+        notes.append(f"no step time: {e}")
+        return None
+    if step is None:
+        notes.append(f"no step time: the catalog has no speed figures for the {card.name}")
+        return None
+    out = step.to_dict()
+    out["tokens_per_s"] *= setup.gpus
+    if step.derived:
+        notes.append(f"time: derived from the {card.name}'s datasheet figures with efficiencies fitted on H200 "
+                     "runs (docs/time-model.md); not measured on this card")
+    if setup.gpus > 1:
+        notes.append("time: per GPU, communication between GPUs not modelled")
+    return out
 
 
 def _analytic_reserved(inv: states.Inventory, setup: TrainSetup, precision: str, ms: dict[str, int],

@@ -54,6 +54,8 @@ class Breakdown:
     notes: tuple[str, ...] = ()
     env: dict[str, Any] = field(default_factory=dict)
     """The torch and transformers the estimate ran, and under `validated_on` those its model was measured on."""
+    time: dict[str, Any] | None = None
+    """Predicted step time on the modelled card (`timing.StepTime.to_dict`): step_s, tokens_per_s, mfu."""
 
     @property
     def peak(self) -> int:
@@ -112,4 +114,5 @@ class Breakdown:
                       model_states=dict(self.model_states),
                       effective_batch=self.setup["batch_size"] * self.setup["grad_accum"] * self.setup["gpus"],
                       peak_phase=self.peak_phase, notes=notes, method=self.method, env=dict(self.env),
-                      terms=dict(self.terms), verdict=self.verdict(gpu, margin) if gpu else None)
+                      terms=dict(self.terms), verdict=self.verdict(gpu, margin) if gpu else None,
+                      time=dict(self.time or {}))

@@ -1,0 +1,258 @@
+"""The step-time model against measured step times on the H200: fit, compare, and a held-out set to measure.
+
+    python benchmarks/time_validate.py compare JSONL ...          # anywhere: predicted vs measured per row
+    python benchmarks/time_validate.py compare docs/data/*.jsonl  # the in-sample table of docs/time-model.md
+    python benchmarks/time_validate.py fit                        # anywhere: refit timing.FITTED on FIT_FILES
+    python benchmarks/time_validate.py measure OUT_DIR [INDEX ...] # on the H200: TIME_SET, one process each
+
+`compare` splits rows into in-sample (the files the constants were fitted on: `FIT_FILES`) and held-out (any
+other file), and prints per row the predicted and measured step time with the error, the median and worst
+absolute error, and the Spearman rank correlation of predicted vs measured within each model. Measured is
+`throughput.step_time_median_s` where a row has it (runs made after it existed), else `step_time_s`.
+Rows measured under `--gpu CARD` or `--memory-cap` ran on the H200 (capped memory, same speed): they are
+predicted for the H200. Rows of `--engine trainer` (Trainer's own loop, gradient clipping) are left out.
+
+`measure` runs TIME_SET with `trainmem run` in a fresh process each (validate.py's `isolated`), with
+`STEPS` steps so that the median of at least four steady steps is timed (steps 1-2 are probed).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import statistics
+import sys
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIT_FILES = [os.path.join(HERE, "..", "docs", "data", f) for f in (
+    "chapter-h200-2026-12-02.jsonl", "chapter-measured-and-estimated-2026-12-02.jsonl",
+    "sweep-chapter-t4-h200-2026-12-02.jsonl", "trainer-vs-loop-h200-2026-12-02.jsonl",
+    "validation-h200-2026-12-02.jsonl", "validation-isolated-h200-2026-12-03.jsonl",
+    "validation-held-out-h200-2026-12-03.jsonl", "validation-held-out-2-h200-2026-12-03.jsonl",
+    "validation-held-out-3-h200-2026-12-03.jsonl")]
+"""The calibration data: the H200 measurement files committed before the time model existed (every one of
+their rows with a step time, see `rows`). Named, not globbed, so that the held-out file stays held out
+when it is committed next to them."""
+
+STEPS = 8
+"""Steps per held-out run: 2 probed, then 6 timed (median of >= 4 steady steps)."""
+
+ALL = dict(lora_targets=["all-linear"], lora_r=16)
+TIME_SET: list[tuple[str, dict]] = [
+    # qwen2.5-0.5b: small model, host-bound at small batch
+    ("qwen", dict(precision="bf16", batch_size=1, seq_len=512)),
+    ("qwen", dict(precision="bf16", batch_size=8, seq_len=512)),
+    ("qwen", dict(precision="bf16", batch_size=32, seq_len=512, checkpointing=True)),
+    ("qwen", dict(precision="bf16", batch_size=4, grad_accum=8, seq_len=512)),
+    ("qwen", dict(precision="bf16", batch_size=16, seq_len=1024, peft="lora")),
+    ("qwen", dict(precision="bf16", batch_size=16, seq_len=1024, peft="qlora", checkpointing=True)),
+    ("qwen", dict(precision="bf16", batch_size=8, seq_len=512, optimizer="adamw-8bit")),
+    ("qwen", dict(precision="amp-bf16", batch_size=16, seq_len=512, optimizer="adamw-fused")),
+    # llama-3.2-1b: the middle
+    ("llama", dict(precision="bf16", batch_size=2, seq_len=1024)),
+    ("llama", dict(precision="bf16", batch_size=16, seq_len=1024)),
+    ("llama", dict(precision="bf16", batch_size=16, seq_len=1024, checkpointing=True)),
+    ("llama", dict(precision="bf16", batch_size=4, grad_accum=4, seq_len=1024)),
+    ("llama", dict(precision="bf16", batch_size=32, seq_len=512, peft="lora", checkpointing=True)),
+    ("llama", dict(precision="bf16", batch_size=8, seq_len=1024, peft="lora", **ALL)),
+    ("llama", dict(precision="bf16", batch_size=8, seq_len=1024, peft="qlora")),
+    ("llama", dict(precision="bf16", batch_size=8, grad_accum=2, seq_len=512, peft="qlora", checkpointing=True)),
+    ("llama", dict(precision="bf16", batch_size=8, seq_len=1024, optimizer="adamw-8bit", checkpointing=True)),
+    ("llama", dict(precision="fp32", batch_size=4, seq_len=512)),
+    # llama-3.1-8b: big, compute-bound
+    ("llama8b", dict(precision="bf16", batch_size=4, seq_len=1024, peft="lora")),
+    ("llama8b", dict(precision="bf16", batch_size=16, seq_len=1024, peft="lora", checkpointing=True)),
+    ("llama8b", dict(precision="bf16", batch_size=1, seq_len=512, peft="lora", grad_accum=8)),
+    ("llama8b", dict(precision="bf16", batch_size=4, seq_len=1024, peft="qlora")),
+    ("llama8b", dict(precision="bf16", batch_size=8, seq_len=1024, peft="qlora", checkpointing=True, **ALL)),
+    ("llama8b", dict(precision="bf16", batch_size=2, seq_len=512, optimizer="adamw-8bit", checkpointing=True)),
+    ("llama8b", dict(precision="bf16", batch_size=32, seq_len=512, peft="lora", checkpointing=True,
+                     optimizer="adamw-8bit")),
+    ("llama8b", dict(precision="bf16", batch_size=8, seq_len=1024, peft="qlora", grad_accum=2, checkpointing=True)),
+]
+"""The held-out timing set: three models 0.5B-8B, full/LoRA/QLoRA, checkpointing on and off, micro-batch
+1-32, accumulation, sequence 512 and 1024, 8-bit and fused optimizers. Chosen before any of it ran."""
+
+
+def measured_s(row: dict[str, Any]) -> float | None:
+    tp = row.get("throughput") or {}
+    return tp.get("step_time_median_s") or tp.get("step_time_s")
+
+
+def rows(paths: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    """(file, row) of every H200 measurement with a step time, each measurement once (the chapter's
+    rows are in two files)."""
+    seen, out = set(), []
+    for path in paths:
+        for line in open(path):
+            r = json.loads(line)
+            if (r.get("kind") != "measurement" or r.get("status") != "ok" or "H200" not in str(r.get("env", {}).get("gpu"))
+                    or not measured_s(r) or r["setup"].get("engine") == "trainer"):
+                continue
+            key = (r["model"]["name"], json.dumps(r["setup"], sort_keys=True), measured_s(r))
+            if key not in seen:
+                seen.add(key)
+                out.append((path, r))
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _work(model: str, setup_json: str) -> Any:
+    import trainmem
+    from trainmem.estimator import states, timing
+    from trainmem.gpus import CATALOG
+
+    spec = trainmem.ModelSpec.resolve(model)
+    setup = trainmem.TrainSetup.from_dict(json.loads(setup_json)).replace(gpu=None, memory_cap=None)
+    precision = setup.resolved_precision(spec, "cuda")
+    return timing.workload(states.inventory(spec, setup, precision), setup, precision, CATALOG["H200"])
+
+
+def predict(row: dict[str, Any]) -> float:
+    """Predicted seconds per step of a measured row's setup on the H200, where it ran (under `--gpu CARD`
+    too: a cap changes the memory, not the speed; the kernels are the H200's either way for the time)."""
+    from trainmem.estimator import timing
+    from trainmem.gpus import CATALOG
+
+    work = _work(row["model"]["name"], json.dumps(row["setup"], sort_keys=True))
+    return timing.step_time(work, CATALOG["H200"]).step_s
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    def ranks(v: list[float]) -> list[float]:
+        order = sorted(range(len(v)), key=v.__getitem__)
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(v):
+            j = i
+            while j + 1 < len(v) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.mean(rx), statistics.mean(ry)
+    num = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    den = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+    return num / den if den else float("nan")
+
+
+def _label(r: dict[str, Any]) -> str:
+    s = r["setup"]
+    extra = [s["peft"] if s["peft"] != "none" else "", "ckpt" if s["checkpointing"] else "",
+             s["optimizer"] if s["optimizer"] != "adamw" else "", s["attention"] if s["attention"] == "eager" else ""]
+    return (f"{r['model']['name']} b{s['batch_size']}x{s['grad_accum']} s{s['seq_len']} {s['precision']} "
+            + " ".join(e for e in extra if e)).strip()
+
+
+def summary(found: list[tuple[dict[str, Any], float, float]]) -> dict[str, Any]:
+    """Median and worst absolute relative error, and Spearman within each model (models with >= 3 rows)."""
+    errs = [abs(p - m) / m for _, p, m in found]
+    by_model: dict[str, list[tuple[float, float]]] = {}
+    for r, p, m in found:
+        by_model.setdefault(r["model"]["name"], []).append((p, m))
+    rho = {k: spearman([p for p, _ in v], [m for _, m in v]) for k, v in by_model.items() if len(v) >= 3}
+    return {"rows": len(found), "median": statistics.median(errs) if errs else float("nan"),
+            "worst": max(errs, default=float("nan")), "spearman": rho}
+
+
+def compare(paths: list[str], markdown: bool = False) -> int:
+    fit = {os.path.abspath(p) for p in FIT_FILES}
+    sets: dict[str, list[tuple[dict[str, Any], float, float]]] = {"in-sample": [], "held-out": []}
+    for path, r in rows(paths):
+        which = "in-sample" if os.path.abspath(path) in fit else "held-out"
+        sets[which].append((r, predict(r), measured_s(r)))
+    for which, found in sets.items():
+        if not found:
+            continue
+        print(f"\n## {which} ({len(found)} rows)\n")
+        print("| setup | measured ms | predicted ms | error |\n|---|---:|---:|---:|")
+        for r, p, m in sorted(found, key=lambda x: _label(x[0])):
+            print(f"| {_label(r)} | {m * 1e3:.1f} | {p * 1e3:.1f} | {(p - m) / m:+.0%} |")
+        s = summary(found)
+        print(f"\n{which}: {s['rows']} rows, median |error| {s['median']:.1%}, worst {s['worst']:.1%}; Spearman "
+              "within each model: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(s["spearman"].items())))
+    return 0
+
+
+def fit(paths: list[str] = FIT_FILES) -> dict[str, float]:
+    """Refit `timing.FITTED` on the rows of `paths`: least squares on log(predicted / measured), Nelder-Mead
+    in log space from the committed values. Prints the constants to paste into timing.py."""
+    import math
+
+    from trainmem.estimator import timing
+
+    data = [r for _, r in rows(paths)]
+    names = list(timing.FITTED)
+    x0 = [math.log(getattr(timing, n)) for n in names]
+
+    def loss(x: list[float]) -> float:
+        for n, v in zip(names, x):
+            setattr(timing, n, math.exp(v))
+        if timing.EFF_MATMUL > 1 or timing.EFF_BANDWIDTH > 1:
+            return 1e9
+        return sum(math.log(predict(r) / measured_s(r)) ** 2 for r in data) / len(data)
+
+    best = nelder_mead(loss, x0)
+    fitted = {n: math.exp(v) for n, v in zip(names, best)}
+    for n, v in fitted.items():
+        setattr(timing, n, v)
+    print(f"fitted on {len(data)} rows, rms log error {loss(best) ** 0.5:.3f}:")
+    for n, v in fitted.items():
+        print(f"{n} = {v:.4g}")
+    return fitted
+
+
+def nelder_mead(f: Any, x0: list[float], step: float = 0.3, iters: int = 400) -> list[float]:
+    """A plain Nelder-Mead minimiser (no scipy in the dependencies)."""
+    n = len(x0)
+    simplex = [list(x0)] + [[x + (step if i == j else 0) for j, x in enumerate(x0)] for i in range(n)]
+    vals = [f(x) for x in simplex]
+    for _ in range(iters):
+        order = sorted(range(n + 1), key=vals.__getitem__)
+        simplex, vals = [simplex[i] for i in order], [vals[i] for i in order]
+        centroid = [sum(x[j] for x in simplex[:-1]) / n for j in range(n)]
+        worst = simplex[-1]
+        refl = [c + (c - w) for c, w in zip(centroid, worst)]
+        fr = f(refl)
+        if fr < vals[0]:
+            exp = [c + 2 * (c - w) for c, w in zip(centroid, worst)]
+            fe = f(exp)
+            simplex[-1], vals[-1] = (exp, fe) if fe < fr else (refl, fr)
+        elif fr < vals[-2]:
+            simplex[-1], vals[-1] = refl, fr
+        else:
+            con = [c + 0.5 * (w - c) for c, w in zip(centroid, worst)]
+            fc = f(con)
+            if fc < vals[-1]:
+                simplex[-1], vals[-1] = con, fc
+            else:
+                simplex = [simplex[0]] + [[b + 0.5 * (x - b) for b, x in zip(simplex[0], s)] for s in simplex[1:]]
+                vals = [vals[0]] + [f(s) for s in simplex[1:]]
+    return simplex[min(range(n + 1), key=vals.__getitem__)]
+
+
+def measure(out_dir: str, indices: list[int]) -> int:
+    """TIME_SET on this GPU, each setup in its own `trainmem run` process (validate.py's machinery)."""
+    from validate import isolated
+
+    return isolated(out_dir, indices, [(a, {**kw, "steps": STEPS}) for a, kw in TIME_SET],
+                    "time-held-out.jsonl")
+
+
+if __name__ == "__main__":
+    cmd, args = sys.argv[1], sys.argv[2:]
+    if cmd == "compare":
+        sys.exit(compare(args))
+    if cmd == "fit":
+        fit()
+        sys.exit(0)
+    if cmd == "measure":
+        sys.exit(measure(args[0], [int(a) for a in args[1:]]))
+    sys.exit(f"unknown command {cmd!r}: compare JSONL... | fit | measure OUT_DIR [INDEX...]")

@@ -1,0 +1,303 @@
+"""The step-time model: predicted seconds per optimizer step of a setup on a card, with no GPU.
+
+A step is `grad_accum` micro-steps (forward, backward, and under checkpointing a recomputed forward) and
+one optimizer step. A micro-step costs a smooth maximum (`OVERLAP`) of two times, because the host launches
+kernels asynchronously and the card runs them as they come (the loop syncs once per micro-batch, when it
+counts the batch's tokens, so micro-steps do not overlap each other); the optimizer step the larger of two:
+
+- the card's time: matmul FLOPs over the card's peak dense throughput for the matmul dtype times
+  `EFF_MATMUL`, plus the bytes that memory-bound kernels move over its bandwidth times `EFF_BANDWIDTH`
+  (optimizer updates, autocast's weight casts, 4-bit dequantization, elementwise activations, logits);
+- the host's time: launching the modules' kernels, `HOST_PER_OP` seconds per module call per layer
+  and pass (LoRA adds its adapter modules, autocast a cast per Linear, QLoRA `QLORA_OPS` per 4-bit
+  Linear for bitsandbytes' Python-level dequantize-and-matmul), and per-tensor optimizers' Python loop,
+  `HOST_PER_TENSOR` per trainable tensor.
+
+FLOPs per token (Kaplan et al. 2020; Narayanan et al. 2021, eq. 3): forward 2 per matmul weight + the
+attention scores and values' 4 s x width per layer (half of it under the causal fused kernel); backward
+twice the forward for weights that train (input and weight gradients), once for frozen ones (the input
+gradient only: LoRA's and QLoRA's base); checkpointing adds one more forward of the decoder layers.
+Offload (ZeRO/FSDP) adds its PCIe transfers; communication between GPUs is not modelled.
+
+The constants are fitted to the H200 step times committed in docs/data (`benchmarks/time_validate.py fit`);
+every other card's time is derived from its catalog figures (`gpus.SPEEDS`), which the result says.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..gpus import GPU, Speed, speed_of
+from ..setup import TrainSetup
+from .states import Inventory
+
+# --- fitted on the H200 (benchmarks/time_validate.py fit; docs/time-model.md) ------------------------------
+EFF_MATMUL = 0.4159
+"""Achieved fraction of the card's peak dense half-precision (tensor-core) matmul throughput."""
+EFF_FP32 = 0.641
+"""Achieved fraction of the card's peak plain-fp32 throughput in fp32 matmuls (CUDA cores, no TF32)."""
+EFF_FLASH = 0.2449
+"""Achieved fraction of peak of the flash attention kernel, forward and backward together (FlashAttention-2,
+what PyTorch's flash SDPA runs, reaches about 335 of the H100's 989 dense TFLOPS: Dao 2023, arXiv
+2307.08691, fig. 7; the fit lands lower: torch's kernel at these head sizes and lengths)."""
+EFF_BANDWIDTH = 0.6586
+"""Achieved fraction of the card's peak memory bandwidth in elementwise and optimizer kernels."""
+HOST_PER_OP = 104.8e-6
+"""Host seconds per module call per decoder layer and pass (Python, autograd and kernel launches)."""
+QLORA_OPS = 2.369
+"""Module calls a bitsandbytes 4-bit Linear costs beyond a plain Linear (quantization state, dequantize,
+cast, its autograd function)."""
+HOST_PER_TENSOR = 196.8e-6
+"""Host seconds per trainable tensor of a per-tensor optimizer step (bitsandbytes 8-bit, Adafactor)."""
+FITTED = ("EFF_MATMUL", "EFF_FP32", "EFF_FLASH", "EFF_BANDWIDTH", "HOST_PER_OP", "QLORA_OPS", "HOST_PER_TENSOR")
+
+# --- derived, not fitted -------------------------------------------------------------------------------------
+OPTIMIZER_PASSES = {"adamw": 16.0, "adamw-fused": 7.0, "sgd": 3.0, "adafactor": 8.0}
+"""Element reads and writes per trainable parameter in an optimizer step, in the parameter's bytes.
+foreach AdamW: lerp (3), mul (2), addcmul (3), sqrt (2), div (2), add (2), addcdiv (4) over param, grad,
+exp_avg, exp_avg_sq and a temporary (torch/optim/adamw.py `_multi_tensor_adamw`, weight decay folded);
+fused: read p, g, m, v and write p, m, v once; SGD without momentum: read p, g, write p."""
+BYTES_8BIT = (3, 4)
+"""8-bit AdamW per parameter: read the gradient and read/write the weight (3 x its bytes), read and write
+two 1-byte states (4 bytes)."""
+PER_TENSOR_OPTIMIZERS = {"adamw-8bit": 1.0, "paged-adamw-8bit": 1.0, "adafactor": 4.0}
+"""Optimizers that loop over tensors in Python (one bitsandbytes kernel per tensor; Adafactor's several
+torch ops per tensor): host launches per trainable tensor. torch's foreach and fused AdamW and SGD group
+every tensor in a few launches."""
+ELEMENTWISE_BYTES = 68
+"""Bytes per token per layer per hidden unit moved by the elementwise kernels of one half-precision forward
+(norms, activation, residuals, rotary, dropout): Korthikanti et al.'s 34 s*b*h bytes written and as much
+read back; twice that in fp32 activations, and backward moves twice a forward's."""
+LOGITS_BYTES = 20
+"""Bytes per logit element per micro-step: half logits written, fp32 upcast, log-softmax and its
+gradient (transformers' loss upcasts), read and written once each."""
+DEQUANT_BYTES = 4.5
+"""Bytes per 4-bit weight per dequantization: 0.5 read, 2 written as half, 2 read back by the matmul."""
+EFFICIENT_OVER_FLASH = 0.5
+"""The memory-efficient kernel (xformers' cutlass kernel) runs at about half flash's speed (same paper's
+comparison with xformers). The math path runs as ordinary matmuls (`EFF_MATMUL`, `EFF_FP32`)."""
+ATTENTION_MATRIX_PASSES = 12
+"""Times the math path's attention matrix (batch x heads x s x s) is written or read per micro-step:
+scores, scale and mask, softmax, the values' bmm in forward (4); their gradients in backward (8)."""
+OVERLAP = 2
+"""The card and the host work at once, but not perfectly: a micro-step takes the 2-norm of their times (a
+smooth maximum; fixed, not fitted: the 2-norm fits the H200 rows better than the maximum or the 4-norm)."""
+STEP_FIXED_S = 1e-3
+"""Host seconds per step outside the layers: batch to device, the per-micro-batch sync, loss, zero_grad."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one optimizer step does, counted from the model's parameter inventory: card-independent."""
+
+    tokens: int
+    """Tokens per optimizer step on one GPU (micro-batch x sequence x accumulation)."""
+    micro_steps: int
+    flops: dict[str, float]
+    """Matmul FLOPs per micro-step: forward, backward, recompute."""
+    half: bool
+    """Weight matmuls run in fp16/bf16 (pure half, autocast, QLoRA's compute dtype), else fp32."""
+    attention_kernel: str
+    """`flash`, `efficient` or `math` (see `attention_kernel`)."""
+    attention_half: bool
+    """The attention kernels run in fp16/bf16 (fp32 in fp32 and under QLoRA)."""
+    micro_bytes: dict[str, float]
+    """Bytes moved by memory-bound kernels per micro-step, by cause."""
+    step_bytes: dict[str, float]
+    """Bytes moved once per optimizer step (the optimizer update)."""
+    pcie_bytes: float
+    """Bytes over the host link per step (offload)."""
+    micro_ops: float
+    """Host-side module calls per micro-step (all layers, all passes)."""
+    quant_calls: float
+    """Calls of 4-bit Linears per micro-step (each costs `QLORA_OPS` more module calls)."""
+    step_ops: float
+    """Host-side launches of a per-tensor optimizer step."""
+
+    @property
+    def model_flops(self) -> float:
+        """FLOPs per step that train the model (recompute excluded), for MFU."""
+        f = self.flops
+        return self.micro_steps * (f["forward"] + f["backward"] + f["attention"] * 3 / (3 + bool(f["recompute"])))
+
+
+@dataclass(frozen=True)
+class StepTime:
+    step_s: float
+    tokens_per_s: float
+    mfu: float
+    """Model FLOPs per second (recompute excluded) over the card's peak dense throughput for the dtype."""
+    parts: dict[str, float] = field(default_factory=dict)
+    """Seconds per step by part: compute, memory, host (the larger of card and host counts per micro-step)."""
+    card: str = ""
+    derived: bool = True
+    """True where the card's time comes from its catalog figures rather than its own measurements."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step_s": self.step_s, "tokens_per_s": self.tokens_per_s, "mfu": self.mfu,
+                "parts": dict(self.parts), "card": self.card, "derived": self.derived}
+
+
+def _structure(model: Any) -> tuple[Any, torch.nn.Module, set[str], str | None]:
+    """The base model, its first decoder layer, the names of embedding parameters (lookups, not matmuls)
+    and the name of the output head's weight when it is a parameter of its own (None when tied)."""
+    from .analytic import _first_layer
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    layer = _first_layer(base)
+    names = {id(p): n for n, p in model.named_parameters()}
+    embeddings = {names[id(p)] for m in model.modules() if isinstance(m, torch.nn.Embedding)
+                  for p in m.parameters(recurse=False) if id(p) in names}
+    head = base.get_output_embeddings()
+    head_name = names.get(id(head.weight)) if head is not None else None
+    return base, layer, embeddings, None if head_name in embeddings else head_name
+
+
+def _layer_ops(layer: torch.nn.Module) -> tuple[int, int]:
+    """(module calls, Linear-like modules) of one decoder layer: its leaf modules, containers excluded."""
+    containers = (torch.nn.ModuleDict, torch.nn.ParameterDict, torch.nn.ModuleList)
+    leaves = [m for m in layer.modules() if not list(m.children()) and not isinstance(m, containers)]
+    linear = sum(1 for m in leaves if getattr(m, "weight", None) is not None and m.weight.dim() == 2)
+    return len(leaves) + 1, linear  # + the attention kernel itself
+
+
+def workload(inv: Inventory, setup: TrainSetup, precision: str, card: GPU) -> Workload:
+    """Count one step of `setup` on the model of `inv` (see the module docstring for the formulas)."""
+    base, layer, embeddings, head_name = _structure(inv.model)
+    cfg = base.config
+    layers = int(getattr(cfg, "num_hidden_layers", None) or cfg.n_layer)
+    hidden = int(getattr(cfg, "hidden_size", None) or cfg.n_embd)
+    heads = int(getattr(cfg, "num_attention_heads", None) or cfg.n_head)
+    width = heads * int(getattr(cfg, "head_dim", None) or hidden // heads)
+    vocab = int(cfg.vocab_size)
+    b, s, accum = setup.batch_size, setup.seq_len, setup.grad_accum
+    tokens = b * s
+    ck = 1 if setup.checkpointing else 0
+    block_frozen = block_train = 0
+    head_params, head_train = vocab * hidden, False
+    quantized = 0
+    train_elems: list[tuple[int, float]] = []
+    for p in inv.params:
+        if p.trainable:
+            train_elems.append((p.numel, p.bytes_per))
+        if len(p.shape) != 2 or p.name in embeddings:
+            continue
+        if p.name == head_name:
+            head_params, head_train = p.numel, p.trainable
+            continue
+        quantized += p.numel if p.quantized else 0
+        if p.trainable:
+            block_train += p.numel
+        else:
+            block_frozen += p.numel
+    if head_name is None:  # tied: the head is the input embedding, trainable with it
+        head_train = any(p.trainable for p in inv.params if p.name in embeddings)
+    fwd = 2 * (block_frozen + block_train) + 2 * head_params
+    bwd = 2 * block_frozen + 4 * block_train + (4 if head_train else 2) * head_params
+    rec = ck * 2 * (block_frozen + block_train)
+    flops = {"forward": tokens * fwd, "backward": tokens * bwd, "recompute": tokens * rec}
+    kernel, attn_half = attention_kernel(inv, setup, precision, card)
+    # scores and values: 2 matmuls of s x width per token per layer, forward; backward twice that
+    attn = 4 * s * width * layers * tokens * (0.5 if kernel != "math" else 1.0) * (1 + 2 + ck)
+    flops["attention"] = attn
+    half = precision != "fp32" or setup.peft == "qlora"
+    act = 2 if precision in ("fp16", "bf16", "amp-bf16", "amp-fp16") and setup.peft != "qlora" else 4
+    n2d = block_frozen + block_train + (head_params if head_name else 0)
+    weight_bytes = sum(p.numel * p.bytes_per for p in inv.params
+                       if len(p.shape) == 2 and p.name not in embeddings and not p.quantized)
+    weight_bytes += 0 if head_name else head_params * (2 if precision in ("fp16", "bf16") else 4)
+    micro_bytes = {
+        "elementwise": tokens * layers * hidden * ELEMENTWISE_BYTES * act / 2 * (1 + 2 + ck),
+        "logits": tokens * vocab * LOGITS_BYTES,
+        "autocast_casts": (6.0 * n2d * (1 + ck) + 6.0 * block_train) if precision.startswith("amp") else 0.0,
+        "dequantize": DEQUANT_BYTES * quantized * (2 + ck),
+        # every matmul reads its half (or fp32) weight once per pass; weights that train also write a gradient
+        "weights": (weight_bytes * (1 + 2 + ck) + sum(n * d for n, d in train_elems if n > 1)),
+        "grad_accumulate": (3.0 * sum(n * d for n, d in train_elems)) if accum > 1 else 0.0,
+        # the math path writes the scores and reads them back through softmax, dropout and the second bmm
+        "attention_matrix": (b * heads * s * s * (2 if attn_half else 4) * layers * ATTENTION_MATRIX_PASSES
+                             * (1 + 2 + ck) / 3) if kernel == "math" else 0.0,
+    }
+    if setup.optimizer in BYTES_8BIT_OPTIMIZERS:
+        update = sum(BYTES_8BIT[0] * n * d + BYTES_8BIT[1] * n for n, d in train_elems)
+    else:
+        update = OPTIMIZER_PASSES.get(setup.optimizer, OPTIMIZER_PASSES["adamw"]) * sum(n * d for n, d in train_elems)
+    gpus = max(setup.gpus, 1)
+    if setup.shard in ("zero1", "zero2", "zero3", "fsdp"):
+        update /= gpus  # each rank updates its shard
+    pcie = 0.0
+    if setup.offload != "none":
+        # gradients go to the host and updated half weights come back, per rank's shard
+        pcie = sum(n * 2 * 2 for n, _ in train_elems) / gpus
+        if setup.offload == "params":
+            pcie += sum(p.numel * 2 for p in inv.params) / gpus * (2 + ck)
+
+    ops, linears = _layer_ops(layer)
+    if precision.startswith("amp"):
+        ops += linears  # autocast casts each Linear's weight (and input) per call
+    if setup.attention == "eager":
+        ops += 3  # scores, softmax, dropout and the second bmm instead of one fused kernel
+    quant_calls = sum(1 for p in inv.params if p.quantized) * (2 + ck)
+    step_ops = PER_TENSOR_OPTIMIZERS.get(setup.optimizer, 0.0) * len(train_elems)
+    return Workload(tokens * accum, accum, flops, half, kernel, attn_half, micro_bytes, {"optimizer": update}, pcie,
+                    ops * layers * (2 + ck), quant_calls, step_ops)
+
+
+def attention_kernel(inv: Inventory, setup: TrainSetup, precision: str, card: GPU) -> tuple[str, bool]:
+    """(`flash`, `efficient` or `math`, whether q, k, v are half) as CUDA picks for this setup on `card`:
+    q, k, v are fp32 in fp32 and under QLoRA (each 4-bit Linear casts its output back to the fp32 residual
+    stream); no fused kernel takes fp32 with grouped KV heads, nor eager attention (simulate.py's choices)."""
+    half = precision != "fp32" and setup.peft != "qlora"
+    dtype = ("bf16" if "bf16" in precision else "fp16") if half else "fp32"
+    if setup.attention == "eager":
+        return "math", half
+    cfg = (inv.model.get_base_model() if hasattr(inv.model, "get_base_model") else inv.model).config
+    heads = int(getattr(cfg, "num_attention_heads", None) or cfg.n_head)
+    grouped = int(getattr(cfg, "num_key_value_heads", None) or heads) != heads
+    kernel = card.sdpa_kernel(dtype)
+    if kernel == "none" or (grouped and (not half or kernel != "flash")):
+        return "math", half
+    return kernel, half
+
+
+BYTES_8BIT_OPTIMIZERS = ("adamw-8bit", "paged-adamw-8bit")
+
+
+def step_time(work: Workload, card: GPU, speed: Speed | None = None, tf32: bool = False) -> StepTime | None:
+    """Seconds per optimizer step of `work` on `card`; None where the catalog has no speed figures."""
+    speed = speed or speed_of(card)
+    if speed is None:
+        return None
+    def peak(half: bool) -> float:
+        fp32 = speed.tf32_tflops if tf32 and speed.tf32_tflops else speed.fp32_tflops
+        return 1e12 * (speed.half_tflops if half else fp32)
+
+    bandwidth = 1e9 * speed.bandwidth_gbs * EFF_BANDWIDTH
+    f = work.flops
+    def eff(half: bool) -> float:
+        return EFF_MATMUL if half else EFF_FP32
+
+    attention_eff = {"flash": EFF_FLASH, "efficient": EFF_FLASH * EFFICIENT_OVER_FLASH}.get(
+        work.attention_kernel) or eff(work.attention_half)
+    if not work.attention_half and work.attention_kernel != "math":
+        attention_eff *= EFF_FP32 / EFF_MATMUL  # fused fp32 kernels run on CUDA cores too
+    compute = ((f["forward"] + f["backward"] + f["recompute"]) / (peak(work.half) * eff(work.half))
+               + f["attention"] / (peak(work.attention_half) * attention_eff))
+    memory = sum(work.micro_bytes.values()) / bandwidth
+    host = (work.micro_ops + QLORA_OPS * work.quant_calls) * HOST_PER_OP
+    # a smooth maximum: where the two are close, launches still leave gaps on the card
+    micro = ((compute + memory) ** OVERLAP + host ** OVERLAP) ** (1 / OVERLAP)
+    opt_card = work.step_bytes["optimizer"] / bandwidth
+    opt_host = work.step_ops * HOST_PER_TENSOR
+    pcie = work.pcie_bytes / (1e9 * speed.pcie_gbs)
+    step = work.micro_steps * micro + max(opt_card, opt_host) + pcie + STEP_FIXED_S
+    parts = {"compute": work.micro_steps * compute, "memory": work.micro_steps * memory + opt_card,
+             "host": work.micro_steps * host + opt_host, "pcie": pcie}
+    return StepTime(step, work.tokens / step, work.model_flops / (step * peak(work.half)), parts, card.name,
+                    derived=not card.measured)
+
+
+__all__ = ["Workload", "StepTime", "workload", "step_time", "FITTED"]
