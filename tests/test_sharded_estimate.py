@@ -46,6 +46,11 @@ def test_simulated_estimate_agrees_with_a_fake_group_cpu_run(world, kw):
     assert r.status == "ok", r.error
     for part in ("weights", "gradients", "optimizer", "activations"):
         assert b.memory[part] == r.memory[part], part
+    # the states one rank holds, not the whole model's: gradients and moments exactly (no padding here);
+    # the rank's weights also hold the unsharded buffers (rotary inv_freq), which the formula leaves out
+    assert b.model_states["gradients"] == r.model_states["gradients"]
+    assert b.model_states["optimizer"] == r.model_states["optimizer"]
+    assert 0 <= r.model_states["weights"] - b.model_states["weights"] < 4096
     # the simulation adds the two cuBLAS workspaces a CUDA run allocates (the CPU has none); the rest is
     # within 64 bytes (the CPU run's few scalar tensors outside the model step, e.g. the token count)
     gap = b.memory["peak_allocated"] - b.terms["cublas_workspace"] - r.memory["peak_allocated"]

@@ -37,6 +37,21 @@ def verdict_line(v: dict[str, Any]) -> str:
                if other else ""))
 
 
+def sweep_line(label: str, r: Result) -> str:
+    """One sweep row as it finishes: its status and peak, the verdict where a card was given, and for
+    the chapter's runs what the book saw on its T4 (the outcome is the thing to compare)."""
+    from .chapter import find_run
+
+    line = f"{label}: {r.status}, peak_allocated {r.memory['peak_allocated'] / 2**30:.3f} GiB"
+    if r.verdict:
+        level = r.verdict.get("level") or ("fits" if r.verdict["fits"] else "no")
+        line += f"; {r.verdict['gpu']}: {level}, headroom {size(r.verdict['headroom'])}"
+    run = find_run(r.setup) if r.model.get("name") == "polyglot-ko-1.3b" else None
+    if run is not None:
+        line += "; the book's T4: " + ("out of memory" if run.at_first_step_gb is None else "ran")
+    return line
+
+
 def result_tables(r: Result, phases: bool = False) -> list[Any]:
     """A row as the terminal shows it: title, status, the memory at the peak, the seed's figures, throughput,
     verdict, OOM and notes (and, with `phases`, every phase)."""

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from ..errors import SetupError
+from ..render import sweep_line
 from ..sweep import METHODS, PRESETS, Sweep, axes, expand, preset_points, resolve
 from . import options
 
@@ -49,8 +50,7 @@ def main(args: argparse.Namespace) -> int:
         task = progress.add_task("sweep", total=len(points))
         counts = sweep.run(
             starting=lambda label: progress.update(task, description=label),
-            made=lambda label, row: progress.console.print(
-                f"{label}: {row.status}, peak_allocated {row.memory['peak_allocated'] / 2**30:.3f} GiB", highlight=False),
+            made=lambda label, row: progress.console.print(sweep_line(label, row), highlight=False),
             point_done=lambda: progress.advance(task))
     summary = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
     console.print(f"{len(points)} points ({summary or 'nothing to do'}) -> {args.out}", highlight=False)

@@ -103,6 +103,9 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
     paged = model_states["optimizer"] if setup.optimizer == "paged-adamw-8bit" else 0
     overhead = runtime_card.overhead(setup.attention, precision, setup.peft)
     memory["device_used"] = memory["peak_reserved"] + overhead + paged
+    if setup.gpus > 1 or setup.shard != "none":  # the states one GPU holds, as a measured rank reports them
+        rank = _rank_states(inv, setup, precision, model_states)
+        model_states = {"weights": rank.weights, "gradients": rank.gradients, "optimizer": rank.optimizer}
     time = _time(inv, setup, precision, runtime_card, notes)
     installed = runtime.versions()
     if runtime.version_note(installed):
@@ -143,6 +146,18 @@ def _analytic_reserved(inv: states.Inventory, setup: TrainSetup, precision: str,
     return int(memory["peak_allocated"] * runtime.RESERVED_OVER_ALLOCATED)
 
 
+def _rank_states(inv: states.Inventory, setup: TrainSetup, precision: str,
+                 ms: dict[str, int]) -> sharding.RankStates:
+    """Per GPU under sharding (one GPU: the states themselves); foreach AdamW copies the local gradients.
+    FSDP2 under amp-* gathers each layer in half precision (MixedPrecisionPolicy.param_dtype, fake_group.py)."""
+    trainable = sum(p.numel for p in inv.params if p.trainable)
+    gathered = _largest_layer(inv) // (2 if precision.startswith("amp") and setup.shard == "fsdp" else 1)
+    return sharding.rank_states(ms["weights"], ms["gradients"], ms["optimizer"], trainable,
+                                precision in ("fp16", "bf16"), setup.gpus, setup.shard, setup.offload,
+                                gathered, foreach_copy=setup.optimizer == "adamw",
+                                unsharded_optimizer=_step_scalars(inv, setup.optimizer))
+
+
 def _analytic(inv: states.Inventory, setup: TrainSetup, precision: str, ms: dict[str, int],
               notes: list[str], card: GPU) -> tuple[dict[str, int], str, dict[str, int]]:
     t = analytic.Traits.of(inv.model)
@@ -163,14 +178,7 @@ def _analytic(inv: states.Inventory, setup: TrainSetup, precision: str, ms: dict
         # FSDP2's MixedPrecisionPolicy gathers the weights in half already, so autocast copies nothing
         terms["autocast_weight_copies"] = 2 * sum(p.numel for p in inv.params if len(p.shape) == 2)
         saved += terms["autocast_weight_copies"]
-    trainable = sum(p.numel for p in inv.params if p.trainable)
-    # per GPU under sharding (one GPU: the states themselves); foreach AdamW copies the local gradients
-    # FSDP2 under amp-* gathers each layer in half precision (MixedPrecisionPolicy.param_dtype, fake_group.py)
-    gathered = _largest_layer(inv) // (2 if precision.startswith("amp") and setup.shard == "fsdp" else 1)
-    rank = sharding.rank_states(ms["weights"], ms["gradients"], ms["optimizer"], trainable,
-                                precision in ("fp16", "bf16"), setup.gpus, setup.shard, setup.offload,
-                                gathered, foreach_copy=setup.optimizer == "adamw",
-                                unsharded_optimizer=_step_scalars(inv, setup.optimizer))
+    rank = _rank_states(inv, setup, precision, ms)
     w, g, o, step_temp = rank.weights, rank.gradients, rank.optimizer, rank.step_temporaries
     notes.extend(rank.notes)
     if rank.gathered:
