@@ -126,6 +126,17 @@ def test_plan_json_reaches_the_target_and_ranks():
     assert out["options"][0]["command"].startswith("trainmem run --model tiny-llama")
 
 
+def test_make_plan_from_python_is_the_command():
+    from trainmem import load_setup, make_plan
+
+    flags = ["--model", "tiny-llama", "--gpu", "T4", "--target-batch", "8", "--seq-len", "32", "--precision", "fp16",
+             "--allow", "peft,checkpointing", "--epochs", "2", "--dataset-size", "100", "--top", "3", "--json"]
+    p = subprocess.run(CLI + flags, capture_output=True, text=True, check=True)
+    spec, setup = load_setup("tiny-llama", {"seq_len": "32", "precision": "fp16", "gpu": "T4"})
+    plan = make_plan(spec, setup, 8, allow=("peft", "checkpointing"), epochs=2, dataset_size=100, top=3)
+    assert plan.to_dict() == json.loads(p.stdout) and len(plan.options) == 3 and plan.job_tokens == 200 * 32
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without CUDA")
 def test_confirm_without_cuda_says_so():
     p = subprocess.run(CLI + ["--model", "tiny-llama", "--gpu", "T4", "--target-batch", "8", "--confirm"],

@@ -16,6 +16,7 @@ from .errors import SetupError
 from .experiment import gpu_memory_experiment
 from .gpus import CATALOG as GPUS, GPU, find_gpu
 from .maxbatch import max_batch
+from .plan import Plan, make_plan
 from .result import Result, read_rows
 from .runner import run
 from .setup import TrainSetup, from_training_arguments
@@ -27,7 +28,7 @@ from .version import __version__
 
 __all__ = ["ModelSpec", "TrainSetup", "Result", "SetupError", "run", "estimate", "Breakdown", "gpu_memory_experiment",
            "from_training_arguments", "GPU", "GPUS", "find_gpu", "PRESETS", "verify_accumulation", "Sweep",
-           "max_batch", "load_setup", "read_rows"]
+           "max_batch", "make_plan", "Plan", "load_setup", "read_rows"]
 
 
 def __getattr__(name: str) -> Any:

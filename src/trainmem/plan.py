@@ -9,19 +9,25 @@ trains the same model the same way, only faster; checkpointing is allowed by def
 time and memory, never the result.
 
 `estimate_fn` and `time_fn` are injectable so that the search can be tested against stub models.
+`make_plan` is the entry point `trainmem plan` calls: the search, cut to the `top` few, and with `confirm`
+the winner and the runner-up run for real; `read_flags` turns the command's own flags into its arguments.
+The module imports no torch (the estimator and the runner load inside the functions that use them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from .errors import SetupError
-from .estimator.breakdown import Breakdown
-from .gpus import GPU, speed_of
+from .gpus import GPU, find_gpu, gpu_problem, margin_problem, speed_of, this_card
 from .setup import TRAINER_OPTIMS, TrainSetup
 from .specs import ModelSpec
+
+if TYPE_CHECKING:  # the estimator imports torch: `trainmem --help` and `trainmem report` import this module
+    from .estimator.breakdown import Breakdown
 
 DIMENSIONS = ("checkpointing", "peft", "optimizer", "precision")
 """What `--allow` may open to the search besides micro-batch x accumulation."""
@@ -32,12 +38,15 @@ so they are never proposed in place of the user's optimizer."""
 PRECISIONS = ("bf16", "fp16", "amp-bf16", "amp-fp16", "fp32")
 PEFTS = ("none", "lora", "qlora")
 FINALISTS = 2
+TOP = 6
+"""Setups `trainmem plan` lists by default."""
+PRESETS = ("chapter",)
 SIMULATE_ACCUM = 2
 """Finalists are simulated with at most this much accumulation: from the second micro-batch on, every
 micro-batch holds the same memory (gradients resident), so more micro-batches repeat it."""
 
-EstimateFn = Callable[[TrainSetup, str], Breakdown]
-TimeFn = Callable[[TrainSetup, Breakdown], dict[str, float]]
+EstimateFn = Callable[[TrainSetup, str], "Breakdown"]
+TimeFn = Callable[[TrainSetup, "Breakdown"], dict[str, float]]
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,8 @@ class Plan:
     dropped: list[dict[str, Any]] = field(default_factory=list)
     """Finalists the analytic estimate admitted and simulate rejected, with simulate's verdict."""
     notes: list[str] = field(default_factory=list)
+    confirmed: list[dict[str, Any]] = field(default_factory=list)
+    """With `confirm`: the winner and the runner-up run for real, measured against predicted step time."""
 
     def job_s(self, option: Option) -> float | None:
         """Seconds for the job: its optimizer steps (the last one may be partial, counted whole)."""
@@ -90,7 +101,7 @@ class Plan:
                 "job_tokens": self.job_tokens, "searched": self.searched, "not_fitting": self.not_fitting,
                 "options": [{**o.to_dict(), "job_s": self.job_s(o), "command": run_command(self.model, o.setup),
                              "training_arguments": training_arguments(o.setup)} for o in self.options],
-                "dropped": self.dropped, "notes": self.notes}
+                "dropped": self.dropped, "notes": self.notes, "confirmed": self.confirmed}
 
 
 def job_tokens(tokens: int | None, epochs: float | None, dataset_size: int | None, seq_len: int) -> int | None:
@@ -248,6 +259,159 @@ def _simulate_in_parallel(spec: ModelSpec, setups: list[TrainSetup]) -> dict[str
     return {repr(s): b for s, b in zip(setups, found)}
 
 
+def make_plan(spec: ModelSpec, base: TrainSetup, target: int, allow: Iterable[str] = DEFAULT_ALLOW,
+              margin: float = 0.02, finalists: int = FINALISTS, tokens: int | None = None,
+              epochs: float | None = None, dataset_size: int | None = None, top: int | None = TOP,
+              every: bool = False, confirm: bool = False, searching: Callable[[str], Any] | None = None,
+              confirmed: Callable[[TrainSetup, dict[str, Any]], None] | None = None) -> Plan:
+    """`trainmem plan`: the fastest setups of `base` that reach the effective batch `target` on `base.gpu`
+    (this machine's card when None), as `search` finds them, the `top` first (all with None).
+
+    Args:
+        tokens, or epochs with dataset_size (samples of `base.seq_len` tokens): the whole job, for its time
+            (`Plan.job_s`); none of them: times per step.
+        every: list every micro-batch, not only the fastest of each kind.
+        confirm: run the winner and the runner-up with `trainmem.run` (needs CUDA); their measured step
+            time beside the predicted one lands in `Plan.confirmed`.
+        searching: a context factory given what is being done, the search and each confirming run (the CLI
+            shows a spinner with it).
+        confirmed: called with each confirming run's setup and its `Plan.confirmed` entry once measured.
+    Raises SetupError for a card it cannot plan for, or `confirm` without CUDA.
+    """
+    status = searching or (lambda what: contextlib.nullcontext())
+    gpu = base.gpu or this_card()
+    problems = [p for p in (_NO_GPU if gpu is None else gpu_problem(gpu), margin_problem(margin),
+                            _confirm_problem() if confirm else None) if p]
+    card = find_gpu(gpu) if gpu else None
+    if problems or card is None:
+        raise SetupError(problems)
+    job = job_tokens(tokens, epochs, dataset_size, base.seq_len)
+    with status(f"planning {spec.name} on the {card.name}..."):
+        plan = search(spec, base, card, target, allow, margin, finalists, job, every=every)
+    plan.options = plan.options[:top]
+    if confirm and plan.options:
+        plan.confirmed = run_confirmations(spec, plan, status, confirmed)
+    return plan
+
+
+def run_confirmations(spec: ModelSpec, plan: Plan, running: Callable[[str], Any] | None = None,
+                      confirmed: Callable[[TrainSetup, dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Run the winner and the runner-up for real and set their measured step time beside the prediction for
+    this machine's card (the plan's card when it is the same, else re-predicted here)."""
+    from .estimator import estimate
+    from .runner import run
+
+    status = running or (lambda what: contextlib.nullcontext())
+    here = this_card()
+    out = []
+    for option in plan.options[:2]:
+        setup = option.setup.replace(steps=8)
+        with status(f"running {describe(setup)} on this GPU..."):
+            row = run(spec, setup)
+        tp = row.throughput or {}
+        measured = tp.get("step_time_median_s") or tp.get("step_time_s")
+        predicted = option.step_s if here == plan.gpu else (estimate(spec, setup.replace(gpu=here), "analytic").time or {}).get("step_s")
+        entry = {"setup": setup.to_dict(), "status": row.status, "measured_step_s": measured,
+                 "predicted_step_s": predicted, "card": here,
+                 "error": (predicted - measured) / measured if measured and predicted else None}
+        out.append(entry)
+        if confirmed:
+            confirmed(setup, entry)
+    return out
+
+
+_NO_GPU = "--gpu: the card to plan for, e.g. --gpu T4 (with CUDA it defaults to this machine's card)"
+
+
+def _confirm_problem() -> str | None:
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return ("--confirm: runs the winner and the runner-up with `trainmem run`, which needs a CUDA "
+            "device, and none is visible here; drop --confirm for the plan from the estimate alone")
+
+
+def preset_flags(name: str | None) -> dict[str, str]:
+    """The flags (argparse names, as text) a `--preset` fills in where they are not given."""
+    if name != "chapter":
+        return {}
+    from .chapter import MODEL, RUNS
+
+    seed = RUNS[0].setup
+    return {"model": MODEL, "seq_len": str(seed.seq_len), "precision": seed.precision, "optimizer": seed.optimizer,
+            "target_batch": "16", "allow": "peft,checkpointing"}
+
+
+def _number(problems: list[str], flag: str, text: str | None, kind: type, low: float = 1) -> Any:
+    if text is None:
+        return None
+    try:
+        value = kind(text)
+        if value < low:
+            raise ValueError
+        return value
+    except ValueError:
+        problems.append(f"{flag}: expected a {'whole ' if kind is int else ''}number >= {low}, got {text!r}")
+        return None
+
+
+def read_flags(flags: dict[str, Any]) -> dict[str, Any]:
+    """`trainmem plan`'s own flags (argparse names -> text as given) as `make_plan`'s keyword arguments, every
+    problem reported at once in one SetupError. Fills `flags` in place with the preset's values and this
+    machine's card where they are not given, so that the setup is then read with them."""
+    problems: list[str] = []
+    preset = flags.get("preset")
+    if preset is not None and preset not in PRESETS:
+        problems.append(f"--preset: {preset!r} is not one of {', '.join(PRESETS)}")
+    for name, value in preset_flags(preset).items():
+        flags[name] = flags.get(name) or value
+    for flag in ("--batch-size", "--grad-accum"):
+        if flags.get(flag[2:].replace("-", "_")) is not None:
+            problems.append(f"{flag}: plan chooses the micro-batch and accumulation; give --target-batch instead")
+    if flags.get("model") is None and flags.get("config") is None:
+        problems.append("--model: which model to plan for (a preset, config.json, folder or hub id), or --preset chapter")
+    if flags.get("target_batch") is None:
+        problems.append("--target-batch: the effective batch to reach, e.g. --target-batch 16")
+    if flags.get("gpu") is None:
+        flags["gpu"] = this_card()
+        if flags["gpu"] is None:
+            problems.append(_NO_GPU)
+    text = flags.get("allow")
+    allow = DEFAULT_ALLOW if text is None else tuple(a.strip() for a in text.split(",") if a.strip())
+    allow = () if allow == ("none",) else allow
+    unknown = [a for a in allow if a not in DIMENSIONS]
+    if unknown:
+        problems.append(f"--allow: {', '.join(map(repr, unknown))} not among {', '.join(DIMENSIONS)} (or none)")
+    epochs, dataset, tokens = flags.get("epochs"), flags.get("dataset_size"), flags.get("tokens")
+    if (epochs is None) != (dataset is None):
+        problems.append("--epochs and --dataset-size go together (or give --tokens)")
+    if tokens is not None and epochs is not None:
+        problems.append("--tokens: give either --tokens or --epochs with --dataset-size, not both")
+    out = {"allow": allow, "target": _number(problems, "--target-batch", flags.get("target_batch"), int),
+           "tokens": _number(problems, "--tokens", tokens, int),
+           "epochs": _number(problems, "--epochs", epochs, float, 0.001),
+           "dataset_size": _number(problems, "--dataset-size", dataset, int),
+           "top": _number(problems, "--top", flags.get("top", str(TOP)), int),
+           "finalists": _number(problems, "--finalists", flags.get("finalists", str(FINALISTS)), int, 0),
+           "margin": _number(problems, "--margin", flags.get("margin", "0.02"), float, 0)}
+    if out["margin"] is not None and out["margin"] >= 1:
+        problems.append(f"--margin: expected a fraction in [0, 1), got {flags.get('margin')!r}")
+    confirming = _confirm_problem() if flags.get("confirm") else None
+    problems += [confirming] if confirming else []
+    if problems:
+        raise SetupError(problems)
+    return {**out, "every": bool(flags.get("all")), "confirm": bool(flags.get("confirm"))}
+
+
+def describe(setup: TrainSetup, varied: tuple[str, ...] = ("precision", "optimizer")) -> str:
+    """A setup in a few words: micro x accum, the method, checkpointing, and the fields the search varied."""
+    words = [f"{setup.batch_size} x {setup.grad_accum}", "full" if setup.peft == "none" else setup.peft]
+    words += ["ckpt"] if setup.checkpointing else []
+    words += [str(getattr(setup, f)) for f in varied]
+    return " ".join(words)
+
+
 def run_command(model: str, s: TrainSetup) -> str:
     """The `trainmem run` command line of a setup (the flags that differ from the defaults, and the card)."""
     default = TrainSetup()
@@ -289,4 +453,5 @@ def training_arguments(s: TrainSetup) -> str:
     return f"TrainingArguments(output_dir=\"out\", {', '.join(args)})  {comment}"
 
 
-__all__ = ["Option", "Plan", "search", "grid", "family", "job_tokens", "run_command", "training_arguments", "DIMENSIONS"]
+__all__ = ["Option", "Plan", "make_plan", "search", "grid", "family", "job_tokens", "run_command", "training_arguments",
+           "read_flags", "run_confirmations", "describe", "DIMENSIONS"]

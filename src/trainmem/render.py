@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from .plan import Plan, describe, run_command, training_arguments
 from .result import Result
+from .setup import TrainSetup
 
 GiB, MiB = 1024**3, 1024**2
 
@@ -140,3 +143,77 @@ def print_max_batch(a: dict[str, Any], target: int | None, console: Console | No
         why = "" if micro == min(a["batch"], target) else (
             f" ({a['batch']} does not divide {target}: {micro} is the largest micro-batch below it that does)")
         console.print(f"Effective batch {target}: --batch-size {micro} --grad-accum {accum}{why}.", highlight=False)
+
+
+def plan_console(stderr: bool = False) -> Console:
+    """The console `trainmem plan` prints to; to a file or a pipe it is at least 110 wide, so that the plan's
+    columns are not wrapped."""
+    console = Console(stderr=stderr)
+    if not console.is_terminal:
+        console.width = max(console.width, 110)
+    return console
+
+
+def _duration(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 60:
+        return f"{s:.1f} s"
+    h, rest = divmod(int(round(s)), 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}"
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def print_plan(plan: Plan, console: Console | None = None, allow: tuple[str, ...] = ()) -> None:
+    """`trainmem plan`'s answer: the ranked table, then the winner's command and TrainingArguments."""
+    console = console or plan_console()
+    varied = tuple(f for f in ("precision", "optimizer") if f in allow)
+    first = plan.options[0].setup if plan.options else None
+    fixed = "" if first is None else ", ".join(f"{getattr(first, f)}" for f in ("precision", "optimizer") if f not in varied)
+    job = f"; job: {plan.job_tokens:,} tokens" if plan.job_tokens else ""
+    console.print(f"[bold]{plan.model} on the {plan.gpu}: effective batch {plan.target_batch} x {plan.seq_len} tokens"
+                  f"{', ' + fixed if fixed else ''}{job}[/bold]", highlight=False)
+    console.print(f"{plan.searched} setups estimated, {plan.not_fitting} do not fit; the fastest of each kind, "
+                  "fastest first (predicted: docs/time-model.md)", highlight=False)
+    if not plan.options:
+        console.print(f"[red]Nothing fits the {plan.gpu}[/red] at effective batch {plan.target_batch}; "
+                      "allow more with --allow peft,optimizer,precision, or pick a bigger card.")
+        return
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    columns = ["#", "micro x accum", "peak", "free", "verdict", "step", "tokens/s", "MFU"] + (["job"] if plan.job_tokens else [])
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("micro x accum", "verdict") else "right", no_wrap=True)
+    for i, o in enumerate(plan.options, 1):
+        level = "[green]fits[/green]" if o.level == "fits" else "[yellow]tight[/yellow]"
+        row = [str(i), describe(o.setup, varied), _gib(o.need), _gib(o.headroom),
+               f"{level} ({'sim' if o.checked == 'simulate' else 'ana'})", f"{o.step_s * 1000:,.0f} ms",
+               f"{o.tokens_per_s:,.0f}", f"{o.mfu:.0%}"]
+        table.add_row(*row, *([_duration(plan.job_s(o))] if plan.job_tokens else []))
+    console.print(table)
+    console.print("peak: reserved + outside the allocator; free: within the margin; sim/ana: simulate/analytic "
+                  "verdict", style="dim", highlight=False)
+    for d in plan.dropped:
+        s = d["setup"]
+        console.print(f"dropped: {s['batch_size']} x {s['grad_accum']} {s['peft']}"
+                      f"{' ckpt' if s['checkpointing'] else ''}: the analytic estimate says {d['analytic']}, "
+                      f"simulate says {d['simulate']} ({_gib(d['need'])} needed)", highlight=False)
+    win = plan.options[0]
+    console.print(f"\n[bold]Winner[/bold]: {run_command(plan.model, win.setup)}", highlight=False, soft_wrap=True)
+    console.print(training_arguments(win.setup), highlight=False, soft_wrap=True)
+    if win.level == "tight":
+        console.print("[yellow]The winner is tight: less than the margin stays free; the next one down is safer.[/yellow]")
+    for note in plan.notes:
+        console.print(f"note: {note}", highlight=False, soft_wrap=True)
+
+
+def print_confirmed(setup: TrainSetup, entry: dict[str, Any], console: Console | None = None) -> None:
+    """One of `trainmem plan --confirm`'s real runs (a `Plan.confirmed` entry): measured against predicted."""
+    console = console or plan_console()
+    measured, predicted = entry["measured_step_s"], entry["predicted_step_s"]
+    err = f"{entry['error']:+.0%}" if entry["error"] is not None else "-"
+    console.print(f"confirmed {describe(setup)} on the {entry['card']}: {entry['status']}, measured "
+                  f"{(measured or 0) * 1000:.0f} ms/step, predicted {(predicted or 0) * 1000:.0f} ms ({err})",
+                  highlight=False)
