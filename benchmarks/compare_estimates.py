@@ -14,6 +14,7 @@ the 16-bytes-per-parameter rule, as relative errors of `peak_allocated` against
 from __future__ import annotations
 
 import argparse
+from typing import Callable
 import statistics
 import sys
 import time
@@ -123,6 +124,11 @@ def compare(path: str, out: str | None = None, keep: list | None = None) -> int:
     if verdicts:
         lines += ["", "| near-capacity setup | card (cap) | measured under the cap | estimate's verdict (fits/tight: runs) | |",
                   "|---|---|---|---|---|"] + verdicts
+    return emit(lines, out)
+
+
+def emit(lines: list[str], out: str | None) -> int:
+    """Print the table, and with `out` write it there too (docs/data/errors-*.md)."""
     text = "\n".join(lines)
     print(text)
     if out:
@@ -131,9 +137,14 @@ def compare(path: str, out: str | None = None, keep: list | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def cli(table: Callable[[str, str | None], int]) -> None:
+    """`SCRIPT JSONL [--out FILE.md]`: the error table of JSONL's measured rows."""
     ap = argparse.ArgumentParser()
     ap.add_argument("jsonl")
     ap.add_argument("--out")
     a = ap.parse_args()
-    sys.exit(compare(a.jsonl, a.out))
+    sys.exit(table(a.jsonl, a.out))
+
+
+if __name__ == "__main__":
+    cli(compare)

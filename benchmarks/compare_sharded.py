@@ -9,14 +9,17 @@ step (rank 0 under the fake process group, estimator/sharded.py) against the ran
 
 from __future__ import annotations
 
-import argparse
 import json
-import statistics
+import os
 import sys
+import statistics
 import time
 
 import trainmem
 from trainmem.estimator import estimate
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare_estimates import cli, emit  # noqa: E402
 
 GiB = 2**30
 
@@ -52,17 +55,8 @@ def main(path: str, out: str | None) -> int:
                     ("reserved", "simulate peak_reserved")):
         v = [abs(x) for x in errs[k]]
         lines.append(f"| {name} | {len(v)} | {100 * statistics.median(v):.2f}% | {100 * max(v):.2f}% |")
-    text = "\n".join(lines)
-    print(text)
-    if out:
-        with open(out, "w") as f:
-            f.write(text + "\n")
-    return 0
+    return emit(lines, out)
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("jsonl")
-    ap.add_argument("--out")
-    a = ap.parse_args()
-    sys.exit(main(a.jsonl, a.out))
+    cli(main)
