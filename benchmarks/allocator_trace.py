@@ -2,7 +2,8 @@
 
     python benchmarks/allocator_trace.py OUT_DIR [INDEX ...]    # on the GPU: OUT_DIR/traces.json.gz
 
-Each setup (an index into validate.SETUPS, hN for validate.HELD_OUT[N], gN for validate.HELD_OUT_2[N]) runs as in validate.py, under
+Each setup (an index into validate.SETUPS, hN for validate.HELD_OUT[N], gN for validate.HELD_OUT_2[N],
+kN for validate.HELD_OUT_4[N], cN for the chapter's run N on a T4; run under its `gpu` emulation where it names one) runs as in validate.py, under
 `torch.cuda.memory._record_memory_history`; the trace keeps, per event, its action (alloc,
 free_completed, segment_alloc, ...), size and address. The estimator's allocator replay
 (trainmem.estimator.allocator) is checked against these: replaying the real alloc/free sequence must give
@@ -19,9 +20,13 @@ import os
 import sys
 import time
 
-from validate import HELD_OUT, HELD_OUT_2, MODELS, SETUPS
+from validate import HELD_OUT, HELD_OUT_2, HELD_OUT_4, MODELS, SETUPS
+
+from trainmem.chapter import RUNS
 
 DEFAULT = [0, 1, 3, 6, 7, 14, 22, 26, 35]
+CHAPTER_T4 = [("neox", {**run.setup.to_dict(), "gpu": "T4"}) for run in RUNS]
+"""The chapter's seven runs emulating its T4 (`cN`)."""
 
 
 def _where(event: dict) -> str:
@@ -41,17 +46,17 @@ def main(out_dir: str, indices: list[str]) -> int:
     os.makedirs(out_dir, exist_ok=True)
     traces = []
     for i in indices:
-        sets = {"h": HELD_OUT, "g": HELD_OUT_2}
+        sets = {"h": HELD_OUT, "g": HELD_OUT_2, "k": HELD_OUT_4, "c": CHAPTER_T4}
         arch, kw = sets[i[0]][int(i[1:])] if i[0] in sets else SETUPS[int(i)]
         gc.collect()
         torch.cuda.empty_cache()
         t0 = time.time()
         torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python", max_entries=3_000_000)
         start = torch.cuda.memory._snapshot()["segments"]
-        r = execute(trainmem.ModelSpec.resolve(MODELS[arch]), trainmem.TrainSetup(steps=3, **kw))
+        r = execute(trainmem.ModelSpec.resolve(MODELS[arch]), trainmem.TrainSetup(**{"steps": 3, **kw}))
         snap = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(enabled=None)
-        events = [(e["action"], e["addr"], e["size"], e.get("stream", 0), _where(e)) for e in snap["device_traces"][0]]
+        events = [(e["action"], e.get("addr", 0), e["size"], e.get("stream", 0), _where(e)) for e in snap["device_traces"][0]]
         traces.append({"index": i, "arch": arch, "setup": kw, "status": r.status, "memory": r.memory,
                        "start_segments": [(s["address"], s["total_size"], s["segment_type"],
                                            [(b["size"], b["state"]) for b in s["blocks"]]) for s in start],

@@ -157,13 +157,11 @@ def test_the_chapters_t4_rows():
         notes[run.label] = b.to_result("T4").notes
     assert levels == {
         "batch 4": ("fits", "fits"), "batch 8": ("fits", "fits"), "batch 16": ("no", "no"),
-        "batch 4, accumulation 4": ("fits", "fits"),
-        # simulate's replay leaves 0.04 GiB less than the 2% margin free; analytic's median ratio does not
-        "batch 16, checkpointing": ("tight", "fits"),
+        "batch 4, accumulation 4": ("fits", "fits"), "batch 16, checkpointing": ("fits", "fits"),
         "batch 16, LoRA": ("fits", "fits"), "batch 16, QLoRA": ("fits", "fits")}
-    said = [n for n in notes["batch 16, checkpointing"] if n.startswith("the methods disagree on the T4")]
-    assert said and "simulate says tight" in said[0] and "analytic says fits" in said[0]
-    assert not any(n.startswith("the methods disagree") for n in notes["batch 8"])
+    # where the levels agree the result says nothing of a disagreement (test_the_verdict_says_where_the_
+    # methods_disagree covers the other case)
+    assert not any(n.startswith("the methods disagree") for run_notes in notes.values() for n in run_notes)
 
 
 def test_gpu_left_out_means_this_card(monkeypatch):

