@@ -167,9 +167,10 @@ def measure(spec: ModelSpec, setup: TrainSetup, device: str, precision: str, bat
     # with CUDA, --gpu CARD runs that card's program (workspaces, SDPA kernels), not only its capacity;
     # its cuBLAS workspace is set before CUDA starts here
     card = find_gpu(setup.gpu) if device == "cuda" and setup.gpu else None
-    emulated = emulation.prepare(card) if card is not None else None
-    ledger, reader = readers(dev, live_state, setup.cap_bytes())
-    if isinstance(reader, CudaReader) and setup.cap_bytes() is None:
+    cap = setup.replace(precision=precision).cap_bytes()
+    emulated = emulation.prepare(card, cap) if card is not None else None
+    ledger, reader = readers(dev, live_state, cap)
+    if isinstance(reader, CudaReader) and cap is None:
         reader.cap(reader.total)  # an earlier capped run in this process must not cap this one
     result = new_result(spec, setup.replace(device=device, precision=precision),
                         {**environment(device, reader), **(env or {})})

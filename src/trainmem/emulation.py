@@ -4,7 +4,8 @@ A cap alone reproduces a smaller card's capacity, not its program: an H200 alloc
 workspaces where older cards take 8 MiB + 128 KiB, and runs the flash SDPA kernel where a T4 or V100 has
 only the memory-efficient one. So the run, inside its own worker process and before CUDA creates any
 cuBLAS handle, takes the card's:
-- allocator cap: the card's capacity less its memory outside the allocator (`GPU.usable`);
+- allocator cap: the card's capacity less the setup's memory outside the allocator (`GPU.allocator_cap`,
+  the cap the estimate replays under);
 - cuBLAS workspace, through `CUBLAS_WORKSPACE_CONFIG` (":SIZE_KiB:COUNT" pairs, read by PyTorch's
   CublasHandlePool when it creates a handle's workspace);
 - SDPA kernels, through `torch.nn.attention.sdpa_kernel` (no flash where the card has none).
@@ -37,12 +38,13 @@ def workspace_bytes(config: str) -> int:
     return sum(size * KiB * count for size, count in zip(parts[::2], parts[1::2]))
 
 
-def prepare(card: GPU) -> dict[str, Any]:
+def prepare(card: GPU, cap: int) -> dict[str, Any]:
     """Set the card's cuBLAS workspace for this process (before any CUDA matrix product) and say what
-    the run emulates; the result records it under `env.emulated`."""
+    the run emulates under the allocator cap `cap` (the setup's `cap_bytes`); the result records it
+    under `env.emulated`."""
     config = workspace_config(card)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", config)
-    return {"card": card.name, "allocator_cap": card.usable,
+    return {"card": card.name, "allocator_cap": cap,
             "cublas_workspace_config": os.environ["CUBLAS_WORKSPACE_CONFIG"],
             "sdpa_kernels": "flash, memory-efficient, math" if card.flash else "memory-efficient, math (no flash)",
             "not_emulated": "kernel timings (throughput is the host card's); the host's context and lazily "

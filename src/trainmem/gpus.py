@@ -141,6 +141,13 @@ class GPU:
         fused = attention == "sdpa" and precision != "fp32" and peft != "qlora"
         return self.context + (FUSED_ATTENTION_KERNELS if fused else 0)
 
+    def allocator_cap(self, attention: str, precision: str, peft: str) -> int:
+        """Bytes the caching allocator may reserve on this card for a step of this setup: capacity less
+        what the setup has outside the allocator (`overhead`). The one cap for the estimate's allocator
+        replay and for `run --gpu` on a bigger card, so that a step that reaches it is judged as the
+        capacity exactly (`tight`), not as the cap plus memory the allocator could never have had."""
+        return self.capacity - self.overhead(attention, precision, peft)
+
     def sources(self) -> dict[str, str]:
         """Each figure of this record and where it comes from."""
         return {"capacity": self.source, "context": self.context_source,

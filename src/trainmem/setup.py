@@ -131,9 +131,11 @@ class TrainSetup:
         return {"float16": "fp16", "bfloat16": "bf16"}.get(spec.stored_dtype, "fp32")
 
     def cap_bytes(self) -> int | None:
-        """The memory cap in bytes from `memory_cap` or `gpu`, the smaller if both are given."""
+        """The memory cap in bytes from `memory_cap` or `gpu` (the card's `allocator_cap` for this
+        setup's attention, precision and method), the smaller if both are given."""
         gpu = find_gpu(self.gpu) if self.gpu else None
-        caps = [c for c in (self.memory_cap, gpu.usable if gpu else None) if c is not None]
+        card_cap = gpu.allocator_cap(self.attention, self.precision, self.peft) if gpu else None
+        caps = [c for c in (self.memory_cap, card_cap) if c is not None]
         return min(caps) if caps else None
 
     def replace(self, **changes: Any) -> TrainSetup:

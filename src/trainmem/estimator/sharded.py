@@ -3,7 +3,7 @@
 The model is built on the meta device and wrapped as `trainmem run` wraps it (`fake_group.shard_model`:
 `fully_shard` per decoder layer and on the root, the precision's MixedPrecisionPolicy) inside PyTorch's
 fake process group of N ranks; then, under `FakeTensorMode`, its sharded parameters are materialised
-on the (fake) CPU device and `simulate.simulate_step` runs two optimizer steps under the TensorLedger,
+on the (fake) CPU device and `simulate.simulate_step` runs its optimizer steps (`STEPS`) under the TensorLedger,
 which follows FSDP2's sharded and unsharded storages through the same hooks as the gloo and fake-group
 runs (`distributed.follow_fsdp_storage`). The group is destroyed when the simulation ends.
 

@@ -158,13 +158,20 @@ class CudaKernels:
         return []
 
 
+STEPS = 3
+"""Optimizer steps simulated: the states appear in the first, the second is the first steady one, and the
+third starts from the blocks the second left, as `trainmem run`'s default three steps do. Two were not
+enough: held-out 5's Qwen3 amp-fp16 row on a T4 ran out of memory in its third step (H200, 2026-12-04),
+which a replay of two steps cannot show."""
+
+
 def simulate_step(build: Callable[[TensorLedger], Any], setup: TrainSetup,
                   precision: str | None = None,
                   workspace: int = runtime.CUBLAS_WORKSPACE // runtime.CUBLAS_HANDLES,
                   flash: bool = True, device: str = "meta",
                   follow: Callable[[TensorLedger], Any] | None = None) -> tuple[TensorLedger, StateBytes]:
     """Build the model with `build` (on the meta device, given the ledger for what no operator shows),
-    then two optimizer steps (states appear in the first) of the setup's accumulation, all under one
+    then `STEPS` optimizer steps (states appear in the first) of the setup's accumulation, all under one
     recording ledger. Under `amp-*` each forward (loss included, as `train.train` does) runs in an
     autocast region. `workspace`: bytes per cuBLAS handle; `flash`: the card has the flash kernel. A
     sharded simulation (`sharded.py`) passes `device="cpu"` (fake CPU tensors) and `follow`, the context
@@ -217,7 +224,7 @@ def _steps(build: Callable[[TensorLedger], Any], setup: TrainSetup, amp: Any, le
     tokens = setup.grad_accum * setup.batch_size * (setup.seq_len - 1)
     final = StateBytes(0, 0, 0)
     with cuda_choices(setup.attention, flash), ledger:
-        for step in (1, 2):
+        for step in range(1, STEPS + 1):
             for k in range(1, setup.grad_accum + 1):
                 ledger.set_phase(f"step{step}.micro{k}.forward")
                 with autocast.region(amp):
