@@ -7,6 +7,7 @@
     python benchmarks/validate.py held-out-3 OUT_DIR [INDEX ...]  # HELD_OUT_3: after HELD_OUT_2's changes
     python benchmarks/validate.py held-out-4 OUT_DIR [INDEX ...]  # HELD_OUT_4: 32 setups, six steps each
     python benchmarks/validate.py held-out-5 OUT_DIR [INDEX ...]  # HELD_OUT_5: 11 setups, 9 near a card's capacity
+    python benchmarks/validate.py held-out-6 OUT_DIR [INDEX ...]  # HELD_OUT_6: 32 setups, not yet measured
     python benchmarks/validate.py sharded OUT_DIR [INDEX ...]     # SHARDED: FSDP2 ranks through the fake group
     python benchmarks/validate.py compare JSONL       # anywhere: the error table (docs/estimate-validation.md)
 
@@ -209,6 +210,57 @@ HELD_OUT_5: list[tuple[str, dict]] = [
 """The fifth held-out set, after the change held-out 4's V100 trace prompted (the fused attention kernels'
 output layout): chosen and sized before any of it ran; six steps each, so the rows carry step times too."""
 
+HELD_OUT_6: list[tuple[str, dict]] = [
+    # near capacity: sized at a231688 (estimator of ded38f0) with the simulate verdict, each pair the longest
+    # sequence judged to run (fits/tight) and the next 64 tokens (no); run emulating the card
+    ("llama", dict(precision="amp-fp16", batch_size=4, seq_len=320, peft="lora", gpu="T4", **ALL)),  # fits 96.4%
+    ("llama", dict(precision="amp-fp16", batch_size=4, seq_len=384, peft="lora", gpu="T4", **ALL)),  # no 105.0%
+    ("gemma2", dict(precision="bf16", batch_size=2, seq_len=896, peft="qlora", checkpointing=True,
+                    gpu="RTX-3060-12GB", **ALL)),  # tight 100.0%
+    ("gemma2", dict(precision="bf16", batch_size=2, seq_len=960, peft="qlora", checkpointing=True,
+                    gpu="RTX-3060-12GB", **ALL)),  # no
+    ("qwen1.5b", dict(precision="amp-bf16", batch_size=2, seq_len=2496, checkpointing=True, optimizer="adamw-8bit",
+                      gpu="RTX-4090")),  # tight 99.6%
+    ("qwen1.5b", dict(precision="amp-bf16", batch_size=2, seq_len=2560, checkpointing=True, optimizer="adamw-8bit",
+                      gpu="RTX-4090")),  # no
+    ("llama8b", dict(precision="bf16", batch_size=2, seq_len=2688, peft="qlora", checkpointing=True, gpu="L4",
+                     **ALL)),  # tight 100.0%
+    ("llama8b", dict(precision="bf16", batch_size=2, seq_len=2752, peft="qlora", checkpointing=True, gpu="L4",
+                     **ALL)),  # no
+    ("mistral", dict(precision="bf16", batch_size=4, seq_len=9088, peft="lora", checkpointing=True,
+                     gpu="A100-40GB")),  # tight 100.0%
+    ("mistral", dict(precision="bf16", batch_size=4, seq_len=9152, peft="lora", checkpointing=True,
+                     gpu="A100-40GB")),  # no
+    ("gpt2", dict(precision="fp32", batch_size=24, seq_len=256, optimizer="paged-adamw-8bit",
+                  gpu="RTX-3060-12GB")),  # fits 90.1%
+    ("gpt2", dict(precision="fp32", batch_size=24, seq_len=320, optimizer="paged-adamw-8bit",
+                  gpu="RTX-3060-12GB")),  # no
+    # uncapped: thirteen architectures, sequences 512-8192, amp and pure half, 8-bit/paged/fused/SGD
+    ("llama", dict(precision="bf16", batch_size=8, seq_len=2048, peft="lora", **ALL)),
+    ("llama", dict(precision="amp-bf16", batch_size=4, seq_len=1024, checkpointing=True)),
+    ("llama", dict(precision="bf16", batch_size=2, seq_len=512, grad_accum=8)),
+    ("llama3b", dict(precision="bf16", batch_size=4, seq_len=2048, peft="qlora", checkpointing=True, **ALL)),
+    ("qwen", dict(precision="bf16", batch_size=16, seq_len=1024, optimizer="paged-adamw-8bit")),
+    ("qwen", dict(precision="fp32", batch_size=8, seq_len=512, optimizer="sgd")),
+    ("qwen1.5b", dict(precision="amp-fp16", batch_size=4, seq_len=512, peft="lora")),
+    ("qwen3", dict(precision="bf16", batch_size=4, seq_len=4096, checkpointing=True)),
+    ("qwen3", dict(precision="amp-bf16", batch_size=8, seq_len=1024, peft="lora", **ALL)),
+    ("gemma2", dict(precision="bf16", batch_size=2, seq_len=4096, peft="lora", checkpointing=True, **ALL)),
+    ("gemma3", dict(precision="amp-bf16", batch_size=4, seq_len=2048, peft="lora", **ALL)),
+    ("phi3", dict(precision="bf16", batch_size=2, seq_len=2048, peft="qlora", checkpointing=True, **ALL)),
+    ("phi2", dict(precision="amp-fp16", batch_size=8, seq_len=1024, checkpointing=True, optimizer="adamw-8bit")),
+    ("olmo2", dict(precision="bf16", batch_size=8, seq_len=1024, attention="eager")),
+    ("stablelm", dict(precision="bf16", batch_size=4, seq_len=4096, peft="lora", checkpointing=True)),
+    ("gpt2", dict(precision="bf16", batch_size=32, seq_len=1024, optimizer="adamw-fused")),
+    ("neox", dict(precision="fp16", batch_size=32, seq_len=512, peft="lora", checkpointing=True)),
+    ("mistral", dict(precision="bf16", batch_size=2, seq_len=8192, peft="qlora", checkpointing=True, **ALL)),
+    ("llama8b", dict(precision="amp-bf16", batch_size=1, seq_len=2048, peft="lora", checkpointing=True)),
+    ("qwen7b", dict(precision="bf16", batch_size=4, seq_len=2048, peft="qlora", checkpointing=True)),
+]
+"""The sixth held-out set, to judge held-out 5's changes (the per-setup cap, three simulated steps) and the
+layout change: chosen and sized at a231688 before any of it ran, for the next session's device time; six
+near-capacity pairs on both sides of the edge, then 20 setups across thirteen architectures."""
+
 
 SHARDED: list[tuple[str, dict]] = [
     ("llama", dict(precision="amp-bf16", batch_size=2, seq_len=1024, gpus=2)),
@@ -297,6 +349,8 @@ if __name__ == "__main__":
         sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], HELD_OUT_4, "validation-held-out-4.jsonl", steps=6))
     if cmd == "held-out-5":
         sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], HELD_OUT_5, "validation-held-out-5.jsonl", steps=6))
+    if cmd == "held-out-6":
+        sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], HELD_OUT_6, "validation-held-out-6.jsonl", steps=6))
     from compare_estimates import compare  # noqa: E402
 
     sys.exit(compare(arg))
