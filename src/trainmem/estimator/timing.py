@@ -7,11 +7,15 @@ counts the batch's tokens, so micro-steps do not overlap each other); the optimi
 
 - the card's time: matmul FLOPs over the card's peak dense throughput for the matmul dtype times
   `EFF_MATMUL`, plus the bytes that memory-bound kernels move over its bandwidth times `EFF_BANDWIDTH`
-  (optimizer updates, autocast's weight casts, 4-bit dequantization, elementwise activations, logits);
+  (optimizer updates, autocast's weight casts, 4-bit dequantization, elementwise activations, the loss's
+  logits traffic counted per logit (`LOGITS_BYTES`: tokens x vocabulary), LoRA adapters' dropout, scaling
+  and add per adapted feature (`LORA_BYTES`), 4-bit Linears' input and output casts (`QLORA_CAST_BYTES`));
+  bitsandbytes' 8-bit AdamW's bytes at its own, much lower, achieved bandwidth `EFF_8BIT`;
 - the host's time: launching the modules' kernels, `HOST_PER_OP` seconds per module call per layer
-  and pass (LoRA adds its adapter modules, autocast a cast per Linear, QLoRA `QLORA_OPS` per 4-bit
-  Linear for bitsandbytes' Python-level dequantize-and-matmul), and per-tensor optimizers' Python loop,
-  `HOST_PER_TENSOR` per trainable tensor.
+  and pass (LoRA adds its adapter modules and peft's scaling and add, autocast `AUTOCAST_OPS` per Linear,
+  QLoRA `QLORA_OPS` per 4-bit Linear for bitsandbytes' Python-level dequantize-and-matmul), the module
+  calls outside the layers and the loss's (`LOSS_OPS`) once per micro-step and direction, and per-tensor
+  optimizers' Python loop, `HOST_PER_TENSOR` per trainable tensor.
 
 FLOPs per token (Kaplan et al. 2020; Narayanan et al. 2021, eq. 3): forward 2 per matmul weight + the
 attention scores and values' 4 s x width per layer (half of it under the causal fused kernel); backward
@@ -19,7 +23,8 @@ twice the forward for weights that train (input and weight gradients), once for 
 gradient only: LoRA's and QLoRA's base); checkpointing adds one more forward of the decoder layers.
 Offload (ZeRO/FSDP) adds its PCIe transfers; communication between GPUs is not modelled.
 
-The constants are fitted to the H200 step times committed in docs/data (`benchmarks/time_validate.py fit`);
+The constants are fitted to the H200 step times committed in docs/data (`benchmarks/time_validate.py fit`;
+since 2026-12-04 including the two former held-out sets, so the next held-out set judges this version);
 every other card's time is derived from its catalog figures (`gpus.SPEEDS`), which the result says.
 """
 
@@ -35,24 +40,30 @@ from ..setup import TrainSetup
 from .states import Inventory
 
 # --- fitted on the H200 (benchmarks/time_validate.py fit; docs/time-model.md) ------------------------------
-EFF_MATMUL = 0.4159
+EFF_MATMUL = 0.6393
 """Achieved fraction of the card's peak dense half-precision (tensor-core) matmul throughput."""
-EFF_FP32 = 0.641
+EFF_FP32 = 0.8289
 """Achieved fraction of the card's peak plain-fp32 throughput in fp32 matmuls (CUDA cores, no TF32)."""
-EFF_FLASH = 0.2449
+EFF_FLASH = 0.4897
 """Achieved fraction of peak of the flash attention kernel, forward and backward together (FlashAttention-2,
 what PyTorch's flash SDPA runs, reaches about 335 of the H100's 989 dense TFLOPS: Dao 2023, arXiv
 2307.08691, fig. 7; the fit lands lower: torch's kernel at these head sizes and lengths)."""
-EFF_BANDWIDTH = 0.6586
+EFF_BANDWIDTH = 0.4059
 """Achieved fraction of the card's peak memory bandwidth in elementwise and optimizer kernels."""
-HOST_PER_OP = 104.8e-6
+HOST_PER_OP = 93.61e-6
 """Host seconds per module call per decoder layer and pass (Python, autograd and kernel launches)."""
-QLORA_OPS = 2.369
+QLORA_OPS = 1.803
 """Module calls a bitsandbytes 4-bit Linear costs beyond a plain Linear (quantization state, dequantize,
 cast, its autograd function)."""
-HOST_PER_TENSOR = 196.8e-6
+HOST_PER_TENSOR = 174.2e-6
 """Host seconds per trainable tensor of a per-tensor optimizer step (bitsandbytes 8-bit, Adafactor)."""
-FITTED = ("EFF_MATMUL", "EFF_FP32", "EFF_FLASH", "EFF_BANDWIDTH", "HOST_PER_OP", "QLORA_OPS", "HOST_PER_TENSOR")
+EFF_8BIT = 0.05455
+"""Achieved fraction of the card's peak bandwidth of bitsandbytes' blockwise 8-bit AdamW kernel over the
+bytes it moves (`BYTES_8BIT`): each element's two states are dequantized through the 256-entry dynamic map
+and re-quantized by searching it, with a per-block absmax reduction, so the kernel is bound by that work,
+not by its few bytes (the 8B full-weight 8-bit rows take ~0.3 s per step in the update alone)."""
+FITTED = ("EFF_MATMUL", "EFF_FP32", "EFF_FLASH", "EFF_BANDWIDTH", "HOST_PER_OP", "QLORA_OPS", "HOST_PER_TENSOR",
+          "EFF_8BIT")
 
 # --- derived, not fitted -------------------------------------------------------------------------------------
 OPTIMIZER_PASSES = {"adamw": 16.0, "adamw-fused": 7.0, "sgd": 3.0, "adafactor": 8.0}
@@ -71,14 +82,35 @@ ELEMENTWISE_BYTES = 68
 """Bytes per token per layer per hidden unit moved by the elementwise kernels of one half-precision forward
 (norms, activation, residuals, rotary, dropout): Korthikanti et al.'s 34 s*b*h bytes written and as much
 read back; twice that in fp32 activations, and backward moves twice a forward's."""
-LOGITS_BYTES = 20
-"""Bytes per logit element per micro-step: half logits written, fp32 upcast, log-softmax and its
-gradient (transformers' loss upcasts), read and written once each."""
+LOGITS_BYTES = 42
+"""Bytes per logit element per micro-step, counted along transformers' `ForCausalLMLoss` with half logits:
+forward: the head writes them (2), `.float()` reads and writes (2 + 4), log-softmax reads and writes (4 + 4)
+plus its max/sum pass (4); backward: NLL's gradient written in full (4), log-softmax's backward reads the
+gradient and the output and writes (4 + 4 + 4), the upcast's backward reads and writes (4 + 2). 42 in all;
+it scales with tokens x vocabulary, which is why the 150k-262k vocabularies (Qwen, Gemma 3) pay it."""
 DEQUANT_BYTES = 4.5
 """Bytes per 4-bit weight per dequantization: 0.5 read, 2 written as half, 2 read back by the matmul."""
 EFFICIENT_OVER_FLASH = 0.5
 """The memory-efficient kernel (xformers' cutlass kernel) runs at about half flash's speed (same paper's
 comparison with xformers). The math path runs as ordinary matmuls (`EFF_MATMUL`, `EFF_FP32`)."""
+LORA_BYTES = ((2, 5), (5, 2))
+"""Activation elements read or written per token by a LoRA-adapted Linear beyond its base layer, per input
+and per output feature, forward then backward (peft's `lora.Linear.forward`): dropout reads x and writes
+x' (2 x in), `* scaling` reads and writes the adapter's output, `result + ...` reads two and writes one
+(5 x out); backward the scaling's gradient (2 x out), dropout's backward (2 x in) and the sum of the base's and
+the adapter's input gradients (3 x in). Each element in the activation dtype; dropout's 1-byte mask besides."""
+QLORA_CAST_BYTES = 6
+"""Bytes per input and per output element of a bitsandbytes 4-bit Linear per pass: it casts the fp32 input to
+the compute dtype (read 4, write 2) and casts its output back to fp32 (read 2, write 4); backward casts the
+output gradient down and the input gradient up the same way (`bnb.nn.Linear4bit.forward`, `MatMul4Bit`)."""
+AUTOCAST_OPS = 0.33
+"""Module calls' worth of host time autocast adds per Linear call: one more dispatch (the weight's cast to
+half; the input is half after the first) against the three of a module call (`__call__` and its hooks, the
+op, the autograd node). Fixed, not fitted: the fit is flat between 0 and 0.33 (rms log error 0.204 at
+both) and worse at a whole module call (0.209)."""
+LOSS_OPS = 6
+"""Host-side calls per micro-step outside the modules, forward and backward each: the loss's upcast, the
+labels' pad and two views, cross-entropy, the division by the accumulation steps."""
 ATTENTION_MATRIX_PASSES = 12
 """Times the math path's attention matrix (batch x heads x s x s) is written or read per micro-step:
 scores, scale and mask, softmax, the values' bmm in forward (4); their gradients in backward (8)."""
@@ -116,6 +148,8 @@ class Workload:
     """Calls of 4-bit Linears per micro-step (each costs `QLORA_OPS` more module calls)."""
     step_ops: float
     """Host-side launches of a per-tensor optimizer step."""
+    step_bytes_8bit: float = 0.0
+    """Bytes moved by a bitsandbytes 8-bit optimizer step (run at `EFF_8BIT` of the bandwidth)."""
 
     @property
     def model_flops(self) -> float:
@@ -156,12 +190,20 @@ def _structure(model: Any) -> tuple[Any, torch.nn.Module, set[str], str | None]:
     return base, layer, embeddings, None if head_name in embeddings else head_name
 
 
-def _layer_ops(layer: torch.nn.Module) -> tuple[int, int]:
-    """(module calls, Linear-like modules) of one decoder layer: its leaf modules, containers excluded."""
+def _leaves(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The leaf modules of `module`, containers excluded: the module calls of one forward."""
     containers = (torch.nn.ModuleDict, torch.nn.ParameterDict, torch.nn.ModuleList)
-    leaves = [m for m in layer.modules() if not list(m.children()) and not isinstance(m, containers)]
+    return [m for m in module.modules() if not list(m.children()) and not isinstance(m, containers)]
+
+
+def _layer_ops(layer: torch.nn.Module) -> tuple[int, int]:
+    """(module calls, Linear-like modules) of one decoder layer: its leaf modules, containers excluded, + the
+    attention kernel, + 2 per LoRA-adapted Linear (peft's scaling multiply and the add to the base output,
+    which are calls of their own though not modules)."""
+    leaves = _leaves(layer)
     linear = sum(1 for m in leaves if getattr(m, "weight", None) is not None and m.weight.dim() == 2)
-    return len(leaves) + 1, linear  # + the attention kernel itself
+    adapted = sum(1 for m in layer.modules() if hasattr(m, "lora_A"))
+    return len(leaves) + 1 + 2 * adapted, linear
 
 
 def workload(inv: Inventory, setup: TrainSetup, precision: str, card: GPU) -> Workload:
@@ -209,8 +251,19 @@ def workload(inv: Inventory, setup: TrainSetup, precision: str, card: GPU) -> Wo
     weight_bytes = sum(p.numel * p.bytes_per for p in inv.params
                        if len(p.shape) == 2 and p.name not in embeddings and not p.quantized)
     weight_bytes += 0 if head_name else head_params * (2 if precision in ("fp16", "bf16") else 4)
+    # LoRA adapters' elementwise work and 4-bit Linears' casts, per feature of every such Linear
+    lora_in = lora_out = 0
+    for m in inv.model.modules():
+        if hasattr(m, "lora_A") and getattr(m, "in_features", None):
+            lora_in, lora_out = lora_in + int(m.in_features), lora_out + int(m.out_features)
+    (fi, fo), (bi, bo) = LORA_BYTES
+    lora_bytes = tokens * (act * ((fi * (1 + ck) + bi) * lora_in + (fo * (1 + ck) + bo) * lora_out)
+                           + (2 + ck) * lora_in)  # + dropout's mask, written and read
+    quant_features = sum(p.shape[0] + p.shape[1] for p in inv.params if p.quantized and len(p.shape) == 2)
     micro_bytes = {
         "elementwise": tokens * layers * hidden * ELEMENTWISE_BYTES * act / 2 * (1 + 2 + ck),
+        "lora": lora_bytes,
+        "quant_casts": tokens * quant_features * QLORA_CAST_BYTES * (2 + ck),
         "logits": tokens * vocab * LOGITS_BYTES,
         "autocast_casts": (6.0 * n2d * (1 + ck) + 6.0 * block_train) if precision.startswith("amp") else 0.0,
         "dequantize": DEQUANT_BYTES * quantized * (2 + ck),
@@ -221,13 +274,14 @@ def workload(inv: Inventory, setup: TrainSetup, precision: str, card: GPU) -> Wo
         "attention_matrix": (b * heads * s * s * (2 if attn_half else 4) * layers * ATTENTION_MATRIX_PASSES
                              * (1 + 2 + ck) / 3) if kernel == "math" else 0.0,
     }
+    update = update_8bit = 0.0
     if setup.optimizer in BYTES_8BIT_OPTIMIZERS:
-        update = sum(BYTES_8BIT[0] * n * d + BYTES_8BIT[1] * n for n, d in train_elems)
+        update_8bit = sum(BYTES_8BIT[0] * n * d + BYTES_8BIT[1] * n for n, d in train_elems)
     else:
         update = OPTIMIZER_PASSES.get(setup.optimizer, OPTIMIZER_PASSES["adamw"]) * sum(n * d for n, d in train_elems)
     gpus = max(setup.gpus, 1)
     if setup.shard in ("zero1", "zero2", "zero3", "fsdp"):
-        update /= gpus  # each rank updates its shard
+        update, update_8bit = update / gpus, update_8bit / gpus  # each rank updates its shard
     pcie = 0.0
     if setup.offload != "none":
         # gradients go to the host and updated half weights come back, per rank's shard
@@ -237,13 +291,15 @@ def workload(inv: Inventory, setup: TrainSetup, precision: str, card: GPU) -> Wo
 
     ops, linears = _layer_ops(layer)
     if precision.startswith("amp"):
-        ops += linears  # autocast casts each Linear's weight (and input) per call
+        ops += AUTOCAST_OPS * linears  # autocast casts each Linear's weight (and input) per call
     if setup.attention == "eager":
         ops += 3  # scores, softmax, dropout and the second bmm instead of one fused kernel
     quant_calls = sum(1 for p in inv.params if p.quantized) * (2 + ck)
     step_ops = PER_TENSOR_OPTIMIZERS.get(setup.optimizer, 0.0) * len(train_elems)
+    # outside the decoder layers: embedding, final norm, rotary, head, and the loss, forward and backward
+    outer = len(_leaves(base)) - layers * len(_leaves(layer)) + LOSS_OPS
     return Workload(tokens * accum, accum, flops, half, kernel, attn_half, micro_bytes, {"optimizer": update}, pcie,
-                    ops * layers * (2 + ck), quant_calls, step_ops)
+                    ops * layers * (2 + ck) + 2 * outer, quant_calls, step_ops, update_8bit)
 
 
 def attention_kernel(inv: Inventory, setup: TrainSetup, precision: str, card: GPU) -> tuple[str, bool]:
@@ -290,7 +346,8 @@ def step_time(work: Workload, card: GPU, speed: Speed | None = None, tf32: bool 
     host = (work.micro_ops + QLORA_OPS * work.quant_calls) * HOST_PER_OP
     # a smooth maximum: where the two are close, launches still leave gaps on the card
     micro = ((compute + memory) ** OVERLAP + host ** OVERLAP) ** (1 / OVERLAP)
-    opt_card = work.step_bytes["optimizer"] / bandwidth
+    opt_card = (work.step_bytes["optimizer"] / bandwidth
+                + work.step_bytes_8bit / (1e9 * speed.bandwidth_gbs * EFF_8BIT))
     opt_host = work.step_ops * HOST_PER_TENSOR
     pcie = work.pcie_bytes / (1e9 * speed.pcie_gbs)
     step = work.micro_steps * micro + max(opt_card, opt_host) + pcie + STEP_FIXED_S
