@@ -71,7 +71,7 @@ def environment_problems(setup: TrainSetup, device: str, precision: str) -> list
             out.append(f"--precision {precision}: this CPU's PyTorch cannot train in {dtype}; "
                        "use --precision fp32")
     if device == "cuda" and torch.cuda.is_available():
-        cap = setup.replace(precision=precision).cap_bytes()
+        cap = setup.cap_bytes(precision)
         total = torch.cuda.get_device_properties(0).total_memory
         if cap is not None and cap > total:
             flag = f"--gpu {setup.gpu}" if setup.gpu else "--memory-cap"

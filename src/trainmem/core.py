@@ -167,7 +167,7 @@ def measure(spec: ModelSpec, setup: TrainSetup, device: str, precision: str, bat
     # with CUDA, --gpu CARD runs that card's program (workspaces, SDPA kernels), not only its capacity;
     # its cuBLAS workspace is set before CUDA starts here
     card = find_gpu(setup.gpu) if device == "cuda" and setup.gpu else None
-    cap = setup.replace(precision=precision).cap_bytes()
+    cap = setup.cap_bytes(precision)
     emulated = emulation.prepare(card, cap) if card is not None else None
     ledger, reader = readers(dev, live_state, cap)
     if isinstance(reader, CudaReader) and cap is None:

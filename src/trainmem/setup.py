@@ -130,11 +130,12 @@ class TrainSetup:
             return "fp32"
         return {"float16": "fp16", "bfloat16": "bf16"}.get(spec.stored_dtype, "fp32")
 
-    def cap_bytes(self) -> int | None:
+    def cap_bytes(self, precision: str | None = None) -> int | None:
         """The memory cap in bytes from `memory_cap` or `gpu` (the card's `allocator_cap` for this
-        setup's attention, precision and method), the smaller if both are given."""
+        setup's attention, precision and method), the smaller if both are given. `precision`: the
+        resolved one, where this setup's is still `auto`."""
         gpu = find_gpu(self.gpu) if self.gpu else None
-        card_cap = gpu.allocator_cap(self.attention, self.precision, self.peft) if gpu else None
+        card_cap = gpu.allocator_cap(self.attention, precision or self.precision, self.peft) if gpu else None
         caps = [c for c in (self.memory_cap, card_cap) if c is not None]
         return min(caps) if caps else None
 

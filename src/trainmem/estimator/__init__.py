@@ -239,7 +239,7 @@ def _simulate(spec: ModelSpec, setup: TrainSetup, precision: str, notes: list[st
     memory = dict(ledger.peak_split)  # cuBLAS workspaces included: the simulation allocates them
     memory["peak_allocated"] = ledger.peak
     phase = "optimizer step" if ledger.peak_phase.endswith("optimizer") else "forward/backward"
-    reserved = _replay(ledger.events or [], setup.replace(precision=precision).cap_bytes(), notes)
+    reserved = _replay(ledger.events or [], setup.cap_bytes(precision), notes)
     return memory, phase, {"simulated_peak": ledger.peak, "cublas_workspace": runtime.CUBLAS_HANDLES * card.cublas_workspace,
                            "replayed_reserved": reserved}, reserved
 

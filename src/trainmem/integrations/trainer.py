@@ -260,7 +260,7 @@ def train_with_trainer(spec: ModelSpec, setup: TrainSetup, device: str, precisio
 
     samples, pad_id = load_dataset(spec, setup)
     model = build_model(spec, setup, device, precision)
-    callback = MemoryCallback(spec=spec, cap=setup.replace(precision=precision).cap_bytes())
+    callback = MemoryCallback(spec=spec, cap=setup.cap_bytes(precision))
     with tempfile.TemporaryDirectory(prefix="trainmem-trainer-") as tmp:
         args = setup.replace(device=device, precision=precision).to_training_arguments(
             tmp, report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True)
