@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from trainmem import ModelSpec, SetupError, TrainSetup, estimate
-from trainmem.estimator import analytic, states
+from trainmem.estimator import analytic, quantized, states
+from trainmem.gpus import CATALOG
 from trainmem.engines import execute
 
 TINY = dict(batch_size=2, seq_len=32, steps=2, num_samples=8, device="cpu")
@@ -89,7 +90,7 @@ def test_simulated_bitsandbytes_states_equal_the_closed_form_rules(kw):
     inv = states.inventory(spec, setup, "bf16")
     from trainmem.estimator import _builder
 
-    ledger, final = simulate_step(_builder(spec, setup, "bf16"), setup)
+    ledger, final = simulate_step(_builder(spec, setup, "bf16", CATALOG["H200"]), setup)
     assert (final.weights, final.optimizer) == (states.weights(inv), states.optimizer(inv, setup.optimizer))
 
 
@@ -100,7 +101,7 @@ def test_simulation_records_the_build_and_cublas_workspaces_as_a_gpu_run_does():
 
     spec = ModelSpec.resolve("tiny-qwen2")  # tied output head: allocated, then freed when tied
     setup = TrainSetup(precision="bf16", batch_size=2, seq_len=32)
-    ledger, _ = simulate_step(_builder(spec, setup, "bf16"), setup)
+    ledger, _ = simulate_step(_builder(spec, setup, "bf16", CATALOG["H200"]), setup)
     sizes = {k: n for k, n in ledger.events if n >= 0}
     head = spec.config["vocab_size"] * spec.config["hidden_size"] * 2
     workspace = runtime.CUBLAS_WORKSPACE // runtime.CUBLAS_HANDLES
@@ -108,8 +109,24 @@ def test_simulation_records_the_build_and_cublas_workspaces_as_a_gpu_run_does():
     frees = [i for i, (k, n) in enumerate(ledger.events) if n == -1 and sizes[k] == head]
     assert len(holds) == runtime.CUBLAS_HANDLES  # one per handle, at its first matrix product
     assert frees and frees[0] < holds[0]  # the untied head goes during the build, before any product
-    qlora = simulate_step(_builder(spec, setup.replace(peft="qlora"), "bf16"), setup.replace(peft="qlora"))[0]
+    qlora = simulate_step(_builder(spec, setup.replace(peft="qlora"), "bf16", CATALOG["H200"]),
+                          setup.replace(peft="qlora"))[0]
     assert (EMPTY_CACHE, 0) in qlora.events  # peft empties the cache after its fp32 casts
+    base = states.meta_model(spec, setup, "bf16")
+    warmup = quantized.warmup_bytes(base, states.quantizable(base))
+    i = [n for _, n in qlora.events].index(warmup)  # transformers' warm-up block, freed before the load
+    assert qlora.events[i + 1] == (qlora.events[i][0], -1)
+    assert max((n for _, n in qlora.events[:i]), default=0) < warmup // 8
+
+
+def test_the_4bit_warmup_is_what_transformers_allocated_on_the_h200():
+    """gemma-2-2b's 4-bit load on the H200 (held-out 6, row 2) warmed the allocator up with exactly this many
+    bytes (allocator trace, docs/data/trace-held-out-6-qlora-rows-h200-2026-12-04.json.gz): tied head left out,
+    quantized weights at half a byte, embeddings and norms at two."""
+    spec = ModelSpec.resolve("gemma-2-2b")
+    base = states.meta_model(spec, TrainSetup(precision="bf16", batch_size=1, seq_len=8), "bf16")
+    assert quantized.warmup_bytes(base, states.quantizable(base)) == 2192269824
+    assert quantized.warmup_bytes(base, states.quantizable(base), device_total=2**31) == 2**31 - int(1.2 * 2**30)
 
 
 def test_methods_and_fallbacks():

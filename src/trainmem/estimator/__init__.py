@@ -234,7 +234,7 @@ def _simulate(spec: ModelSpec, setup: TrainSetup, precision: str, notes: list[st
         notes.append(f"simulated: rank 0 of {setup.gpus}, FSDP2 under PyTorch's fake process group on fake CPU "
                      "tensors; not modelled: NCCL's buffers, overlap of communication with compute")
     else:
-        ledger, _ = simulate_step(_builder(spec, setup, precision), setup, precision,
+        ledger, _ = simulate_step(_builder(spec, setup, precision, card), setup, precision,
                                   workspace=card.cublas_workspace, flash=card.flash)
     memory = dict(ledger.peak_split)  # cuBLAS workspaces included: the simulation allocates them
     memory["peak_allocated"] = ledger.peak
@@ -244,7 +244,7 @@ def _simulate(spec: ModelSpec, setup: TrainSetup, precision: str, notes: list[st
                            "replayed_reserved": reserved}, reserved
 
 
-def _builder(spec: ModelSpec, setup: TrainSetup, precision: str) -> Callable[[TensorLedger], Any]:
+def _builder(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU) -> Callable[[TensorLedger], Any]:
     """How simulate builds the model, recorded as `trainmem run` builds it on the GPU: constructed on the
     device; under QLoRA constructed, saved and freed unrecorded (`build.build_model` empties the cache and
     resets the peaks after it), then loaded 4-bit, cast by peft, cache emptied, adapters added."""
@@ -255,7 +255,7 @@ def _builder(spec: ModelSpec, setup: TrainSetup, precision: str) -> Callable[[Te
     base = states.meta_model(spec, setup.replace(peft="none"), precision)  # built before recording starts
     dtype = WEIGHT_DTYPES[precision]
     compute = dtype if dtype != torch.float32 else AUTOCAST_DTYPES.get(precision, torch.float32)
-    return lambda ledger: quantized.qlora_model(base, lora_config(setup), compute, ledger)
+    return lambda ledger: quantized.qlora_model(base, lora_config(setup), compute, ledger, card.capacity)
 
 
 def _replay(events: list[tuple[int, int]], cap: int | None, notes: list[str]) -> int:

@@ -6,8 +6,8 @@ computes nothing (read from bitsandbytes 0.50 `nn.Linear4bit`, `functional.quant
 docs/estimate-validation.md).
 
 The QLoRA build replays what `trainmem run` does on the GPU (`build.build_model`): every weight of the
-checkpoint is loaded in its dtype, each Linear but the output head is quantized on the device (its
-16-bit copy then freed), peft casts every other parameter to fp32 and empties the allocator's cache,
+checkpoint is loaded in its dtype into the one segment transformers' warm-up allocation left cached, each
+Linear but the output head is quantized on the device (its 16-bit copy then freed), peft casts every other parameter to fp32 and empties the allocator's cache,
 then adds the fp32 adapters.
 """
 
@@ -92,10 +92,36 @@ class Linear4bit(torch.nn.Linear):
         return out.clone() if self.lora_clone else out
 
 
-def load_4bit(model: torch.nn.Module, names: set[str], compute_dtype: torch.dtype) -> None:
-    """Load `model` (built on the meta device before recording began) as bitsandbytes does, in parameter
-    order: each tensor the load puts on the device is a fresh allocation, and the Linears in `names` turn
-    into `Linear4bit`; then peft's cast of every other 16-bit parameter to fp32 (all frozen)."""
+WARMUP_HEADROOM = int(1.2 * 2**30)
+"""transformers keeps its warm-up allocation this far under the device's total memory."""
+
+
+def warmup_bytes(model: torch.nn.Module, names: set[str], device_total: int | None = None) -> int:
+    """Bytes of transformers' `caching_allocator_warmup` (5.x `modeling_utils`) before a 4-bit load: every
+    state-dict tensor but the tied ones, at half a byte per element for the weights bitsandbytes quantizes
+    and their own element size otherwise, capped at the device's total less 1.2 GiB. One allocation, freed
+    at once, so the load then carves every weight out of that one cached segment; the holes the load's
+    16-bit copies and peft's fp32 casts leave there are what a later large request cannot use (held-out 6's
+    two QLoRA misses, docs/estimate-validation.md)."""
+    tied = set(getattr(model, "all_tied_weights_keys", None) or ())
+    total = 0.0
+    for key, t in model.state_dict(keep_vars=True).items():
+        owner, _, kind = key.rpartition(".")
+        if key not in tied:
+            total += t.numel() * (0.5 if owner in names and kind == "weight" else t.element_size())
+    if device_total is not None:
+        total = min(total, device_total - WARMUP_HEADROOM)
+    return 2 * int(total // 2)
+
+
+def load_4bit(model: torch.nn.Module, names: set[str], compute_dtype: torch.dtype,
+              device_total: int | None = None) -> None:
+    """Load `model` (built on the meta device before recording began) as transformers and bitsandbytes
+    do: first the warm-up allocation (`warmup_bytes`, freed), then in parameter order each tensor the load
+    puts on the device is a fresh allocation, and the Linears in `names` turn into `Linear4bit`; then
+    peft's cast of every other 16-bit parameter to fp32 (all frozen)."""
+    warmup = _empty(warmup_bytes(model, names, device_total) // 2, torch.float16)
+    del warmup
     modules = dict(model.named_modules())
     for name, p in list(model.named_parameters()):
         owner, _, kind = name.rpartition(".")
@@ -112,7 +138,8 @@ def load_4bit(model: torch.nn.Module, names: set[str], compute_dtype: torch.dtyp
         p.requires_grad_(False)
 
 
-def qlora_model(base: torch.nn.Module, lora_config: Any, compute_dtype: torch.dtype, ledger: TensorLedger) -> Any:
+def qlora_model(base: torch.nn.Module, lora_config: Any, compute_dtype: torch.dtype, ledger: TensorLedger,
+                device_total: int | None = None) -> Any:
     """`build.build_model`'s QLoRA path on the meta device, recorded by `ledger`: the 4-bit load, peft's
     casts and its `empty_cache`, then the adapters; the 4-bit layers with an adapter clone their output,
     as peft's bitsandbytes LoRA layer does."""
@@ -120,7 +147,7 @@ def qlora_model(base: torch.nn.Module, lora_config: Any, compute_dtype: torch.dt
 
     from .states import quantizable
 
-    load_4bit(base, quantizable(base), compute_dtype)
+    load_4bit(base, quantizable(base), compute_dtype, device_total)
     ledger.empty_cache()
     with torch.device("meta"):
         model = get_peft_model(base, lora_config)
