@@ -3,6 +3,8 @@
     python benchmarks/time_validate.py compare JSONL ...          # anywhere: predicted vs measured per row
     python benchmarks/time_validate.py compare docs/data/*.jsonl  # the in-sample table of docs/time-model.md
     python benchmarks/time_validate.py fit                        # anywhere: refit timing.FITTED on FIT_FILES
+    python benchmarks/time_validate.py cv                         # anywhere: leave-one-file/model-out CV
+    python benchmarks/time_validate.py noise                      # anywhere: setups measured more than once
     python benchmarks/time_validate.py measure OUT_DIR [INDEX ...] # on the H200: TIME_SET, one process each
 
 `compare` splits rows into in-sample (the files the constants were fitted on: `FIT_FILES`) and held-out (any
@@ -34,13 +36,18 @@ FIT_FILES = [os.path.join(HERE, "..", "docs", "data", f) for f in (
     "validation-h200-2026-12-02.jsonl", "validation-isolated-h200-2026-12-03.jsonl",
     "validation-held-out-h200-2026-12-03.jsonl", "validation-held-out-2-h200-2026-12-03.jsonl",
     "validation-held-out-3-h200-2026-12-03.jsonl",
-    "validation-held-out-4-h200-2026-12-03.jsonl", "time-held-out-h200-2026-12-04.jsonl")]
+    "validation-held-out-4-h200-2026-12-03.jsonl", "time-held-out-h200-2026-12-04.jsonl",
+    # reported at f706eda's model before any change (docs/time-model.md, held-out 3): in-sample from here on
+    "validation-held-out-5-h200-2026-12-04.jsonl", "validation-held-out-6-h200-2026-12-04.jsonl")]
 """The calibration data: the H200 measurement files committed before the time model existed (every one of
 their rows with a step time, see `rows`), and since the 2026-12-04 change the step-time model's two former
 held-out sets: `validation-held-out-4-h200-2026-12-03.jsonl` (memory's held-out 4, measured 2026-12-03, the
 time model's first held-out check) and `time-held-out-h200-2026-12-04.jsonl` (`TIME_SET`, measured
 2026-12-04); both were reported at the model before that change (docs/time-model.md) and are in-sample
-now: the next held-out set judges the change. Named, not globbed, so that a new held-out file stays held
+now: the next held-out set judges the change. Memory's held-out 5 and 6
+(`validation-held-out-5-h200-2026-12-04.jsonl`, `validation-held-out-6-h200-2026-12-04.jsonl`, measured
+2026-12-04) were reported at f706eda's time model (held-out 3 in docs/time-model.md) and joined the fit
+after that, with the second change. Named, not globbed, so that a new held-out file stays held
 out when it is committed next to them."""
 
 STEPS = 8
@@ -186,32 +193,105 @@ def compare(paths: list[str], markdown: bool = False) -> int:
     return 0
 
 
-def fit(paths: list[str] = FIT_FILES) -> dict[str, float]:
-    """Refit `timing.FITTED` on the rows of `paths`: least squares on log(predicted / measured), Nelder-Mead
-    in log space from the committed values. Prints the constants to paste into timing.py."""
+def _fit_rows(data: list[dict[str, Any]], start: dict[str, float] | None = None,
+              quiet: bool = False) -> tuple[dict[str, float], float]:
+    """Least squares on log(predicted / measured) over `data`, Nelder-Mead in log space from `start` (the
+    committed values by default), restarted once from its own best point. Sets and returns the constants
+    and the rms log error."""
     import math
 
     from trainmem.estimator import timing
+    from trainmem.gpus import CATALOG
 
-    data = [r for _, r in rows(paths)]
+    h200 = CATALOG["H200"]
+    works = [(_work(r["model"]["name"], json.dumps(r["setup"], sort_keys=True)), measured_s(r)) for r in data]
     names = list(timing.FITTED)
-    x0 = [math.log(getattr(timing, n)) for n in names]
+    start = start or {n: getattr(timing, n) for n in names}
+    x0 = [math.log(start[n]) for n in names]
 
     def loss(x: list[float]) -> float:
         for n, v in zip(names, x):
             setattr(timing, n, math.exp(v))
         if timing.EFF_MATMUL > 1 or timing.EFF_BANDWIDTH > 1:
             return 1e9
-        return sum(math.log(predict(r) / measured_s(r)) ** 2 for r in data) / len(data)
+        return sum(math.log(timing.step_time(w, h200).step_s / m) ** 2 for w, m in works) / len(works)
 
-    best = nelder_mead(loss, x0)
+    best = nelder_mead(loss, nelder_mead(loss, x0), step=0.1)
     fitted = {n: math.exp(v) for n, v in zip(names, best)}
-    for n, v in fitted.items():
-        setattr(timing, n, v)
-    print(f"fitted on {len(data)} rows, rms log error {loss(best) ** 0.5:.3f}:")
-    for n, v in fitted.items():
-        print(f"{n} = {v:.4g}")
-    return fitted
+    rms = loss(best) ** 0.5
+    if not quiet:
+        print(f"fitted on {len(data)} rows, rms log error {rms:.3f}:")
+        for n, v in fitted.items():
+            print(f"{n} = {v:.4g}")
+    return fitted, rms
+
+
+def fit(paths: list[str] = FIT_FILES) -> dict[str, float]:
+    """Refit `timing.FITTED` on the rows of `paths`: least squares on log(predicted / measured), Nelder-Mead
+    in log space from the committed values. Prints the constants to paste into timing.py."""
+    return _fit_rows([r for _, r in rows(paths)])[0]
+
+
+def cv(paths: list[str] = FIT_FILES) -> int:
+    """Cross-validation of the model's structure on the fitting rows, without a GPU: leave one file out (fit
+    the constants on every other file's rows, predict the left-out file's) and leave one model out (the same
+    by model name). Prints median and worst |error| of the out-of-fold predictions and the Spearman within
+    each model of the leave-one-file-out predictions. Not a held-out check: the structure itself was chosen
+    looking at every row."""
+    from trainmem.estimator import timing
+
+    data = rows(paths)
+    committed = {n: getattr(timing, n) for n in timing.FITTED}
+    try:
+        for name, key in (("leave-one-file-out", lambda fr: os.path.basename(fr[0])),
+                          ("leave-one-model-out", lambda fr: fr[1]["model"]["name"])):
+            found: list[tuple[dict[str, Any], float, float]] = []
+            for group in sorted({key(fr) for fr in data}):
+                train = [r for fr in data if key(fr) != group for r in [fr[1]]]
+                test = [r for fr in data if key(fr) == group for r in [fr[1]]]
+                _fit_rows(train, committed, quiet=True)
+                found += [(r, predict(r), measured_s(r)) for r in test]
+            s = summary(found)
+            print(f"{name}: {s['rows']} rows, median |error| {s['median']:.1%}, worst {s['worst']:.1%}; Spearman "
+                  "within each model: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(s["spearman"].items())))
+    finally:
+        for n, v in committed.items():
+            setattr(timing, n, v)
+    return 0
+
+
+SPEED_KEYS = ("batch_size", "grad_accum", "seq_len", "checkpointing", "peft", "lora_r", "lora_targets",
+              "precision", "optimizer", "attention", "engine", "gpus", "shard", "offload")
+"""Setup fields that change what a step computes (not the card a run emulates, its cap, steps or seed)."""
+SPEED_DEFAULTS = {"attention": "sdpa", "engine": "loop", "gpus": 1, "shard": "none", "offload": "none",
+                  "lora_targets": None}
+"""What rows written before a field existed ran with."""
+
+
+def noise(paths: list[str] = FIT_FILES) -> int:
+    """Setups measured more than once (same model, same `SPEED_KEYS`): each one's spread, max / min - 1, and
+    each measurement's |deviation| from its setup's median: what no model of the setup alone can explain."""
+    groups: dict[tuple[str, str], list[float]] = {}
+    for _, r in rows(paths):
+        setup = {**SPEED_DEFAULTS, **{k: r["setup"][k] for k in SPEED_KEYS if r["setup"].get(k) is not None}}
+        if setup["peft"] == "none":
+            setup.pop("lora_r"), setup.pop("lora_targets")
+        key = (r["model"]["name"], json.dumps(setup, sort_keys=True))
+        groups.setdefault(key, []).append(measured_s(r))
+    rep = {k: v for k, v in groups.items() if len(v) > 1}
+    spreads, devs = [], []
+    print("| setup | n | min ms | max ms | max/min - 1 |\n|---|---:|---:|---:|---:|")
+    for (model, setup), v in sorted(rep.items(), key=lambda kv: -max(kv[1]) / min(kv[1])):
+        spreads.append(max(v) / min(v) - 1)
+        med = statistics.median(v)
+        devs += [abs(x - med) / med for x in v]
+        label = _label({"model": {"name": model}, "setup": {"lora_r": 8, **json.loads(setup)}})
+        print(f"| {label} | {len(v)} | {min(v) * 1e3:.1f} | {max(v) * 1e3:.1f} | {spreads[-1]:.0%} |")
+    print(f"\n{len(rep)} setups measured more than once ({sum(len(v) for v in rep.values())} rows): spread "
+          f"max/min - 1 median {statistics.median(spreads):.1%}, worst {max(spreads):.1%}; |deviation from the "
+          f"setup's median| median {statistics.median(devs):.1%}, 90th percentile "
+          f"{sorted(devs)[int(0.9 * len(devs))]:.1%}, worst {max(devs):.1%}")
+    return 0
 
 
 def nelder_mead(f: Any, x0: list[float], step: float = 0.3, iters: int = 400) -> list[float]:
@@ -258,6 +338,10 @@ if __name__ == "__main__":
     if cmd == "fit":
         fit()
         sys.exit(0)
+    if cmd == "cv":
+        sys.exit(cv())
+    if cmd == "noise":
+        sys.exit(noise())
     if cmd == "measure":
         sys.exit(measure(args[0], [int(a) for a in args[1:]]))
-    sys.exit(f"unknown command {cmd!r}: compare JSONL... | fit | measure OUT_DIR [INDEX...]")
+    sys.exit(f"unknown command {cmd!r}: compare JSONL... | fit | cv | noise | measure OUT_DIR [INDEX...]")
