@@ -3,7 +3,7 @@
     python benchmarks/allocator_trace.py OUT_DIR [INDEX ...]    # on the GPU: OUT_DIR/traces.json.gz
 
 Each setup (an index into validate.SETUPS, hN for validate.HELD_OUT[N], gN for validate.HELD_OUT_2[N],
-kN for validate.HELD_OUT_4[N], sN for validate.HELD_OUT_6[N], cN for the chapter's run N on a T4; run under its `gpu` emulation where it names one) runs as in validate.py, under
+kN for validate.HELD_OUT_4[N], sN for validate.HELD_OUT_6[N], tN for validate.HELD_OUT_7[N], cN for the chapter's run N on a T4; run under its `gpu` emulation where it names one) runs as in validate.py, under
 `torch.cuda.memory._record_memory_history`; the trace keeps, per event, its action (alloc,
 free_completed, segment_alloc, ...), size and address. The estimator's allocator replay
 (trainmem.estimator.allocator) is checked against these: replaying the real alloc/free sequence must give
@@ -20,7 +20,7 @@ import os
 import sys
 import time
 
-from validate import HELD_OUT, HELD_OUT_2, HELD_OUT_4, HELD_OUT_6, MODELS, SETUPS
+from validate import HELD_OUT, HELD_OUT_2, HELD_OUT_4, HELD_OUT_6, HELD_OUT_7, MODELS, SETUPS
 
 from trainmem.chapter import RUNS
 
@@ -46,7 +46,7 @@ def main(out_dir: str, indices: list[str]) -> int:
     os.makedirs(out_dir, exist_ok=True)
     traces = []
     for i in indices:
-        sets = {"h": HELD_OUT, "g": HELD_OUT_2, "k": HELD_OUT_4, "s": HELD_OUT_6, "c": CHAPTER_T4}
+        sets = {"h": HELD_OUT, "g": HELD_OUT_2, "k": HELD_OUT_4, "s": HELD_OUT_6, "t": HELD_OUT_7, "c": CHAPTER_T4}
         arch, kw = sets[i[0]][int(i[1:])] if i[0] in sets else SETUPS[int(i)]
         gc.collect()
         torch.cuda.empty_cache()

@@ -7,7 +7,8 @@
     python benchmarks/validate.py held-out-3 OUT_DIR [INDEX ...]  # HELD_OUT_3: after HELD_OUT_2's changes
     python benchmarks/validate.py held-out-4 OUT_DIR [INDEX ...]  # HELD_OUT_4: 32 setups, six steps each
     python benchmarks/validate.py held-out-5 OUT_DIR [INDEX ...]  # HELD_OUT_5: 11 setups, 9 near a card's capacity
-    python benchmarks/validate.py held-out-6 OUT_DIR [INDEX ...]  # HELD_OUT_6: 32 setups, not yet measured
+    python benchmarks/validate.py held-out-6 OUT_DIR [INDEX ...]  # HELD_OUT_6: 32 setups
+    python benchmarks/validate.py held-out-7 OUT_DIR [INDEX ...]  # HELD_OUT_7: 30 setups
     python benchmarks/validate.py sharded OUT_DIR [INDEX ...]     # SHARDED: FSDP2 ranks through the fake group
     python benchmarks/validate.py compare JSONL       # anywhere: the error table (docs/estimate-validation.md)
 
@@ -262,6 +263,54 @@ layout change: chosen and sized at a231688 before any of it ran, for the next se
 near-capacity pairs on both sides of the edge, then 20 setups across thirteen architectures."""
 
 
+HELD_OUT_7: list[tuple[str, dict]] = [
+    # near capacity: sized at b7bf566 (transformers' warm-up before a 4-bit load) with the simulate verdict,
+    # each pair the longest sequence (64-token steps) judged to run (fits/tight) and the next (no); five QLoRA
+    # pairs on cards not used for QLoRA before, then full amp and LoRA; run emulating the card
+    ("qwen1.5b", dict(precision="fp16", batch_size=4, seq_len=1600, peft="qlora", checkpointing=True, gpu="T4",
+                      **ALL)),  # tight 99.3%
+    ("qwen1.5b", dict(precision="fp16", batch_size=4, seq_len=1664, peft="qlora", checkpointing=True, gpu="T4",
+                      **ALL)),  # no
+    ("llama3b", dict(precision="bf16", batch_size=4, seq_len=1600, peft="qlora", checkpointing=True, gpu="A4000",
+                     **ALL)),  # tight 99.8%
+    ("llama3b", dict(precision="bf16", batch_size=4, seq_len=1664, peft="qlora", checkpointing=True, gpu="A4000",
+                     **ALL)),  # no
+    ("gemma3", dict(precision="bf16", batch_size=4, seq_len=256, peft="qlora", gpu="RTX-3060-12GB", **ALL)),  # fits 94.7%
+    ("gemma3", dict(precision="bf16", batch_size=4, seq_len=320, peft="qlora", gpu="RTX-3060-12GB", **ALL)),  # no
+    ("phi3", dict(precision="bf16", batch_size=8, seq_len=2560, peft="qlora", checkpointing=True, gpu="A10G",
+                  **ALL)),  # tight 98.9%
+    ("phi3", dict(precision="bf16", batch_size=8, seq_len=2624, peft="qlora", checkpointing=True, gpu="A10G",
+                  **ALL)),  # no
+    ("olmo2", dict(precision="amp-fp16", batch_size=8, seq_len=1024, checkpointing=True, gpu="V100-32GB")),  # fits 97.9%
+    ("olmo2", dict(precision="amp-fp16", batch_size=8, seq_len=1088, checkpointing=True, gpu="V100-32GB")),  # no
+    ("stablelm", dict(precision="bf16", batch_size=4, seq_len=960, peft="lora", gpu="RTX-4080")),  # tight 99.8%
+    ("stablelm", dict(precision="bf16", batch_size=4, seq_len=1024, peft="lora", gpu="RTX-4080")),  # no
+    ("llama8b", dict(precision="bf16", batch_size=4, seq_len=1792, peft="qlora", checkpointing=True,
+                     gpu="A5000")),  # tight 98.0%
+    ("llama8b", dict(precision="bf16", batch_size=4, seq_len=1856, peft="qlora", checkpointing=True,
+                     gpu="A5000")),  # no
+    # uncapped: memory and step time
+    ("llama", dict(precision="bf16", batch_size=8, seq_len=1024)),
+    ("qwen", dict(precision="amp-bf16", batch_size=16, seq_len=512, peft="lora")),
+    ("gemma2", dict(precision="amp-bf16", batch_size=4, seq_len=1024, checkpointing=True, optimizer="adamw-8bit")),
+    ("phi2", dict(precision="bf16", batch_size=8, seq_len=2048, peft="lora", checkpointing=True)),
+    ("qwen3", dict(precision="fp32", batch_size=4, seq_len=1024)),
+    ("neox", dict(precision="amp-fp16", batch_size=8, seq_len=512)),
+    ("olmo2", dict(precision="bf16", batch_size=4, seq_len=4096, peft="lora", checkpointing=True, **ALL)),
+    ("gpt2", dict(precision="amp-bf16", batch_size=16, seq_len=1024)),
+    ("gemma3", dict(precision="bf16", batch_size=2, seq_len=2048, peft="qlora", checkpointing=True, **ALL)),
+    ("stablelm", dict(precision="bf16", batch_size=4, seq_len=1024, peft="qlora")),
+    ("llama3b", dict(precision="amp-bf16", batch_size=2, seq_len=2048, checkpointing=True)),
+    ("qwen1.5b", dict(precision="bf16", batch_size=8, seq_len=1024, peft="lora", **ALL)),
+    ("phi3", dict(precision="amp-bf16", batch_size=2, seq_len=1024, peft="lora", **ALL)),
+    ("qwen", dict(precision="bf16", batch_size=32, seq_len=256, checkpointing=True, optimizer="adamw-fused")),
+    ("gemma2", dict(precision="bf16", batch_size=2, seq_len=2048, peft="lora", **ALL)),
+    ("llama", dict(precision="fp16", batch_size=4, seq_len=2048, peft="lora", checkpointing=True)),
+]
+"""The seventh held-out set, to judge change 7 (transformers' warm-up segment under a 4-bit load) where it
+decides a verdict: chosen and sized at b7bf566 before any of it ran; seven near-capacity pairs (five QLoRA),
+then sixteen uncapped setups whose step times also judge the step-time model of f706eda."""
+
 SHARDED: list[tuple[str, dict]] = [
     ("llama", dict(precision="amp-bf16", batch_size=2, seq_len=1024, gpus=2)),
     ("llama", dict(precision="amp-bf16", batch_size=2, seq_len=1024, gpus=8, checkpointing=True)),
@@ -351,6 +400,8 @@ if __name__ == "__main__":
         sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], HELD_OUT_5, "validation-held-out-5.jsonl", steps=6))
     if cmd == "held-out-6":
         sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], HELD_OUT_6, "validation-held-out-6.jsonl", steps=6))
+    if cmd == "held-out-7":
+        sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], HELD_OUT_7, "validation-held-out-7.jsonl", steps=6))
     from compare_estimates import compare  # noqa: E402
 
     sys.exit(compare(arg))
