@@ -42,6 +42,7 @@ VALIDATION = {  # file -> which set it is (docs/estimate-validation.md, "Held-ou
     "validation-held-out-4-h200-2026-12-03.jsonl": "held-out 4",
     "validation-held-out-5-h200-2026-12-04.jsonl": "held-out 5",
     "validation-held-out-6-h200-2026-12-04.jsonl": "held-out 6",
+    "validation-held-out-7-h200-2026-12-04.jsonl": "held-out 7",
 }
 REPORTS = {"report-sweep-t4": ("sweep-chapter-t4-h200-2026-12-02.jsonl", "T4"),
            "report-chapter": ("chapter-measured-and-estimated-2026-12-02.jsonl", "T4")}

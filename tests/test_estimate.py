@@ -119,6 +119,21 @@ def test_simulation_records_the_build_and_cublas_workspaces_as_a_gpu_run_does():
     assert max((n for _, n in qlora.events[:i]), default=0) < warmup // 8
 
 
+def test_the_4bit_load_goes_in_the_checkpoints_sorted_key_order():
+    """safetensors sorts a checkpoint's keys and transformers loads in that order (H200 traces of held-out 6):
+    GPT-NeoX's `attention.dense` (h x h) comes before `attention.query_key_value` (3h x h), the reverse of the
+    module order; each quantized weight is first copied to the device in 16 bits."""
+    from trainmem.estimator import _builder
+    from trainmem.estimator.simulate import simulate_step
+
+    spec = ModelSpec.resolve("tiny-gpt-neox")
+    setup = TrainSetup(precision="bf16", batch_size=1, seq_len=8, peft="qlora")
+    h = spec.config["hidden_size"]
+    ledger, _ = simulate_step(_builder(spec, setup, "bf16", CATALOG["H200"]), setup)
+    copies = [n for _, n in ledger.events if n in (2 * h * h, 2 * 3 * h * h)]
+    assert copies[:2] == [2 * h * h, 2 * 3 * h * h]
+
+
 def test_the_4bit_warmup_is_what_transformers_allocated_on_the_h200():
     """gemma-2-2b's 4-bit load on the H200 (held-out 6, row 2) warmed the allocator up with exactly this many
     bytes (allocator trace, docs/data/trace-held-out-6-qlora-rows-h200-2026-12-04.json.gz): tied head left out,
