@@ -8,7 +8,8 @@
     python benchmarks/validate.py held-out-4 OUT_DIR [INDEX ...]  # HELD_OUT_4: 32 setups, six steps each
     python benchmarks/validate.py held-out-5 OUT_DIR [INDEX ...]  # HELD_OUT_5: 11 setups, 9 near a card's capacity
     python benchmarks/validate.py held-out-6 OUT_DIR [INDEX ...]  # HELD_OUT_6: 32 setups
-    python benchmarks/validate.py held-out-7 OUT_DIR [INDEX ...]  # HELD_OUT_7: 30 setups
+    python benchmarks/validate.py held-out-7 OUT_DIR [INDEX ...]  # HELD_OUT_7: 30 setups (25 measured)
+    python benchmarks/validate.py held-out-8 OUT_DIR [INDEX ...]  # HELD_OUT_8: 30 setups, not yet measured
     python benchmarks/validate.py sharded OUT_DIR [INDEX ...]     # SHARDED: FSDP2 ranks through the fake group
     python benchmarks/validate.py compare JSONL       # anywhere: the error table (docs/estimate-validation.md)
 
@@ -311,6 +312,57 @@ HELD_OUT_7: list[tuple[str, dict]] = [
 decides a verdict: chosen and sized at b7bf566 before any of it ran; seven near-capacity pairs (five QLoRA),
 then sixteen uncapped setups whose step times also judge the step-time model of f706eda."""
 
+HELD_OUT_8: list[tuple[str, dict]] = [
+    # near capacity: sized at 8e5d91f (changes 7-8: the 4-bit load's warm-up segment and key order) with the
+    # simulate verdict, each pair the longest sequence (64-token steps) judged to run and the next (no)
+    ("llama3b", dict(precision="bf16", batch_size=4, seq_len=2432, peft="qlora", checkpointing=True, gpu="RTX-3090",
+                     **ALL)),  # fits 97.8%
+    ("llama3b", dict(precision="bf16", batch_size=4, seq_len=2496, peft="qlora", checkpointing=True, gpu="RTX-3090",
+                     **ALL)),  # no
+    ("qwen7b", dict(precision="bf16", batch_size=4, seq_len=1536, peft="qlora", checkpointing=True,
+                    gpu="RTX-4090")),  # tight 99.4%
+    ("qwen7b", dict(precision="bf16", batch_size=4, seq_len=1600, peft="qlora", checkpointing=True,
+                    gpu="RTX-4090")),  # no
+    ("phi3", dict(precision="bf16", batch_size=4, seq_len=3520, peft="qlora", checkpointing=True, gpu="RTX-4080",
+                  **ALL)),  # tight 100.0%
+    ("phi3", dict(precision="bf16", batch_size=4, seq_len=3584, peft="qlora", checkpointing=True, gpu="RTX-4080",
+                  **ALL)),  # no
+    ("gemma2", dict(precision="bf16", batch_size=2, seq_len=1344, peft="qlora", checkpointing=True, gpu="A4000",
+                    **ALL)),  # tight 99.4%
+    ("gemma2", dict(precision="bf16", batch_size=2, seq_len=1408, peft="qlora", checkpointing=True, gpu="A4000",
+                    **ALL)),  # no
+    ("mistral", dict(precision="bf16", batch_size=2, seq_len=6592, peft="qlora", checkpointing=True, gpu="L4",
+                     **ALL)),  # tight 99.7%
+    ("mistral", dict(precision="bf16", batch_size=2, seq_len=6656, peft="qlora", checkpointing=True, gpu="L4",
+                     **ALL)),  # no
+    ("llama", dict(precision="amp-bf16", batch_size=8, seq_len=384, gpu="RTX-5090")),  # fits 97.1%
+    ("llama", dict(precision="amp-bf16", batch_size=8, seq_len=448, gpu="RTX-5090")),  # no
+    ("qwen3", dict(precision="bf16", batch_size=8, seq_len=320, peft="lora", gpu="RTX-3060-12GB")),  # fits 93.6%
+    ("qwen3", dict(precision="bf16", batch_size=8, seq_len=384, peft="lora", gpu="RTX-3060-12GB")),  # no
+    # uncapped: memory and step time, sequences 1024-8192
+    ("llama", dict(precision="bf16", batch_size=4, seq_len=4096, checkpointing=True)),
+    ("qwen", dict(precision="amp-fp16", batch_size=8, seq_len=2048, peft="lora", **ALL)),
+    ("gemma3", dict(precision="amp-bf16", batch_size=2, seq_len=4096, checkpointing=True)),
+    ("phi2", dict(precision="bf16", batch_size=4, seq_len=2048, peft="qlora", checkpointing=True, **ALL)),
+    ("olmo2", dict(precision="amp-bf16", batch_size=8, seq_len=2048, peft="lora", checkpointing=True, **ALL)),
+    ("stablelm", dict(precision="fp32", batch_size=4, seq_len=1024, peft="lora")),
+    ("neox", dict(precision="bf16", batch_size=16, seq_len=1024, checkpointing=True, optimizer="adamw-8bit")),
+    ("gpt2", dict(precision="fp16", batch_size=32, seq_len=1024, peft="lora")),
+    ("qwen1.5b", dict(precision="amp-bf16", batch_size=4, seq_len=4096, checkpointing=True,
+                      optimizer="paged-adamw-8bit")),
+    ("llama3b", dict(precision="bf16", batch_size=2, seq_len=4096, peft="lora", checkpointing=True, **ALL)),
+    ("qwen3", dict(precision="amp-bf16", batch_size=4, seq_len=8192, peft="lora", checkpointing=True)),
+    ("gemma2", dict(precision="bf16", batch_size=4, seq_len=2048, checkpointing=True, optimizer="adamw-8bit")),
+    ("phi3", dict(precision="bf16", batch_size=4, seq_len=1024, peft="lora", checkpointing=True, **ALL)),
+    ("mistral", dict(precision="bf16", batch_size=1, seq_len=4096, peft="lora", checkpointing=True, **ALL)),
+    ("llama8b", dict(precision="bf16", batch_size=2, seq_len=2048, peft="qlora", checkpointing=True, **ALL)),
+    ("qwen7b", dict(precision="bf16", batch_size=1, seq_len=4096, peft="lora", checkpointing=True)),
+]
+"""The eighth held-out set, to judge changes 7-8 (the 4-bit load's warm-up segment and key order): chosen and
+sized at 8e5d91f before any of it ran, for the next session's device time; seven near-capacity pairs (five
+QLoRA, on cards no earlier pair used them on), then sixteen uncapped setups whose step times also judge the
+step-time model. Run the first fourteen first (`held-out-8 $OUT 0 1 ... 13`): they decide issue 15."""
+
 SHARDED: list[tuple[str, dict]] = [
     ("llama", dict(precision="amp-bf16", batch_size=2, seq_len=1024, gpus=2)),
     ("llama", dict(precision="amp-bf16", batch_size=2, seq_len=1024, gpus=8, checkpointing=True)),
@@ -402,6 +454,8 @@ if __name__ == "__main__":
         sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], HELD_OUT_6, "validation-held-out-6.jsonl", steps=6))
     if cmd == "held-out-7":
         sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], HELD_OUT_7, "validation-held-out-7.jsonl", steps=6))
+    if cmd == "held-out-8":
+        sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], HELD_OUT_8, "validation-held-out-8.jsonl", steps=6))
     from compare_estimates import compare  # noqa: E402
 
     sys.exit(compare(arg))
