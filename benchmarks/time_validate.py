@@ -247,8 +247,8 @@ def cv(paths: list[str] = FIT_FILES) -> int:
                           ("leave-one-model-out", lambda fr: fr[1]["model"]["name"])):
             found: list[tuple[dict[str, Any], float, float]] = []
             for group in sorted({key(fr) for fr in data}):
-                train = [r for fr in data if key(fr) != group for r in [fr[1]]]
-                test = [r for fr in data if key(fr) == group for r in [fr[1]]]
+                train = [fr[1] for fr in data if key(fr) != group]
+                test = [fr[1] for fr in data if key(fr) == group]
                 _fit_rows(train, committed, quiet=True)
                 found += [(r, predict(r), measured_s(r)) for r in test]
             s = summary(found)

@@ -191,6 +191,12 @@ HELD_OUT_4: list[tuple[str, dict]] = [
 estimator change) after HELD_OUT_3. Six steps each, so the rows also carry the median of four timed
 steps for the step-time model (issue 19), which was not fitted on them."""
 
+
+def _edge(arch: str, seq_len: int, **kw: object) -> list[tuple[str, dict]]:
+    """A near-capacity pair: the longest sequence the committed estimate judged to run on the card (`fits` or
+    `tight`), then 64 tokens more, judged `no`."""
+    return [(arch, dict(kw, seq_len=seq_len)), (arch, dict(kw, seq_len=seq_len + 64))]
+
 HELD_OUT_5: list[tuple[str, dict]] = [
     # sized with the simulate verdict of the committed estimator (the attention-output layout change) to
     # need 93-113% of a catalog card, run emulating that card: the verdict where it matters, both sides
@@ -213,30 +219,18 @@ HELD_OUT_5: list[tuple[str, dict]] = [
 output layout): chosen and sized before any of it ran; six steps each, so the rows carry step times too."""
 
 HELD_OUT_6: list[tuple[str, dict]] = [
-    # near capacity: sized at a231688 (estimator of ded38f0) with the simulate verdict, each pair the longest
-    # sequence judged to run (fits/tight) and the next 64 tokens (no); run emulating the card
-    ("llama", dict(precision="amp-fp16", batch_size=4, seq_len=320, peft="lora", gpu="T4", **ALL)),  # fits 96.4%
-    ("llama", dict(precision="amp-fp16", batch_size=4, seq_len=384, peft="lora", gpu="T4", **ALL)),  # no 105.0%
-    ("gemma2", dict(precision="bf16", batch_size=2, seq_len=896, peft="qlora", checkpointing=True,
-                    gpu="RTX-3060-12GB", **ALL)),  # tight 100.0%
-    ("gemma2", dict(precision="bf16", batch_size=2, seq_len=960, peft="qlora", checkpointing=True,
-                    gpu="RTX-3060-12GB", **ALL)),  # no
-    ("qwen1.5b", dict(precision="amp-bf16", batch_size=2, seq_len=2496, checkpointing=True, optimizer="adamw-8bit",
-                      gpu="RTX-4090")),  # tight 99.6%
-    ("qwen1.5b", dict(precision="amp-bf16", batch_size=2, seq_len=2560, checkpointing=True, optimizer="adamw-8bit",
-                      gpu="RTX-4090")),  # no
-    ("llama8b", dict(precision="bf16", batch_size=2, seq_len=2688, peft="qlora", checkpointing=True, gpu="L4",
-                     **ALL)),  # tight 100.0%
-    ("llama8b", dict(precision="bf16", batch_size=2, seq_len=2752, peft="qlora", checkpointing=True, gpu="L4",
-                     **ALL)),  # no
-    ("mistral", dict(precision="bf16", batch_size=4, seq_len=9088, peft="lora", checkpointing=True,
-                     gpu="A100-40GB")),  # tight 100.0%
-    ("mistral", dict(precision="bf16", batch_size=4, seq_len=9152, peft="lora", checkpointing=True,
-                     gpu="A100-40GB")),  # no
-    ("gpt2", dict(precision="fp32", batch_size=24, seq_len=256, optimizer="paged-adamw-8bit",
-                  gpu="RTX-3060-12GB")),  # fits 90.1%
-    ("gpt2", dict(precision="fp32", batch_size=24, seq_len=320, optimizer="paged-adamw-8bit",
-                  gpu="RTX-3060-12GB")),  # no
+    # near capacity: sized at a231688 (estimator of ded38f0) with the simulate verdict; run emulating the card
+    *_edge("llama", 320, precision="amp-fp16", batch_size=4, peft="lora", gpu="T4", **ALL),  # fits 96.4%, no 105.0%
+    *_edge("gemma2", 896, precision="bf16", batch_size=2, peft="qlora", checkpointing=True, gpu="RTX-3060-12GB",
+           **ALL),  # tight 100.0%
+    *_edge("qwen1.5b", 2496, precision="amp-bf16", batch_size=2, checkpointing=True, optimizer="adamw-8bit",
+           gpu="RTX-4090"),  # tight 99.6%
+    *_edge("llama8b", 2688, precision="bf16", batch_size=2, peft="qlora", checkpointing=True, gpu="L4",
+           **ALL),  # tight 100.0%
+    *_edge("mistral", 9088, precision="bf16", batch_size=4, peft="lora", checkpointing=True,
+           gpu="A100-40GB"),  # tight 100.0%
+    *_edge("gpt2", 256, precision="fp32", batch_size=24, optimizer="paged-adamw-8bit",
+           gpu="RTX-3060-12GB"),  # fits 90.1%
     # uncapped: thirteen architectures, sequences 512-8192, amp and pure half, 8-bit/paged/fused/SGD
     ("llama", dict(precision="bf16", batch_size=8, seq_len=2048, peft="lora", **ALL)),
     ("llama", dict(precision="amp-bf16", batch_size=4, seq_len=1024, checkpointing=True)),
@@ -265,31 +259,19 @@ near-capacity pairs on both sides of the edge, then 20 setups across thirteen ar
 
 
 HELD_OUT_7: list[tuple[str, dict]] = [
-    # near capacity: sized at b7bf566 (transformers' warm-up before a 4-bit load) with the simulate verdict,
-    # each pair the longest sequence (64-token steps) judged to run (fits/tight) and the next (no); five QLoRA
-    # pairs on cards not used for QLoRA before, then full amp and LoRA; run emulating the card
-    ("qwen1.5b", dict(precision="fp16", batch_size=4, seq_len=1600, peft="qlora", checkpointing=True, gpu="T4",
-                      **ALL)),  # tight 99.3%
-    ("qwen1.5b", dict(precision="fp16", batch_size=4, seq_len=1664, peft="qlora", checkpointing=True, gpu="T4",
-                      **ALL)),  # no
-    ("llama3b", dict(precision="bf16", batch_size=4, seq_len=1600, peft="qlora", checkpointing=True, gpu="A4000",
-                     **ALL)),  # tight 99.8%
-    ("llama3b", dict(precision="bf16", batch_size=4, seq_len=1664, peft="qlora", checkpointing=True, gpu="A4000",
-                     **ALL)),  # no
-    ("gemma3", dict(precision="bf16", batch_size=4, seq_len=256, peft="qlora", gpu="RTX-3060-12GB", **ALL)),  # fits 94.7%
-    ("gemma3", dict(precision="bf16", batch_size=4, seq_len=320, peft="qlora", gpu="RTX-3060-12GB", **ALL)),  # no
-    ("phi3", dict(precision="bf16", batch_size=8, seq_len=2560, peft="qlora", checkpointing=True, gpu="A10G",
-                  **ALL)),  # tight 98.9%
-    ("phi3", dict(precision="bf16", batch_size=8, seq_len=2624, peft="qlora", checkpointing=True, gpu="A10G",
-                  **ALL)),  # no
-    ("olmo2", dict(precision="amp-fp16", batch_size=8, seq_len=1024, checkpointing=True, gpu="V100-32GB")),  # fits 97.9%
-    ("olmo2", dict(precision="amp-fp16", batch_size=8, seq_len=1088, checkpointing=True, gpu="V100-32GB")),  # no
-    ("stablelm", dict(precision="bf16", batch_size=4, seq_len=960, peft="lora", gpu="RTX-4080")),  # tight 99.8%
-    ("stablelm", dict(precision="bf16", batch_size=4, seq_len=1024, peft="lora", gpu="RTX-4080")),  # no
-    ("llama8b", dict(precision="bf16", batch_size=4, seq_len=1792, peft="qlora", checkpointing=True,
-                     gpu="A5000")),  # tight 98.0%
-    ("llama8b", dict(precision="bf16", batch_size=4, seq_len=1856, peft="qlora", checkpointing=True,
-                     gpu="A5000")),  # no
+    # near capacity: sized at b7bf566 (transformers' warm-up before a 4-bit load) with the simulate verdict;
+    # five QLoRA pairs on cards not used for QLoRA before, then full amp and LoRA; run emulating the card
+    *_edge("qwen1.5b", 1600, precision="fp16", batch_size=4, peft="qlora", checkpointing=True, gpu="T4",
+           **ALL),  # tight 99.3%
+    *_edge("llama3b", 1600, precision="bf16", batch_size=4, peft="qlora", checkpointing=True, gpu="A4000",
+           **ALL),  # tight 99.8%
+    *_edge("gemma3", 256, precision="bf16", batch_size=4, peft="qlora", gpu="RTX-3060-12GB", **ALL),  # fits 94.7%
+    *_edge("phi3", 2560, precision="bf16", batch_size=8, peft="qlora", checkpointing=True, gpu="A10G",
+           **ALL),  # tight 98.9%
+    *_edge("olmo2", 1024, precision="amp-fp16", batch_size=8, checkpointing=True, gpu="V100-32GB"),  # fits 97.9%
+    *_edge("stablelm", 960, precision="bf16", batch_size=4, peft="lora", gpu="RTX-4080"),  # tight 99.8%
+    *_edge("llama8b", 1792, precision="bf16", batch_size=4, peft="qlora", checkpointing=True,
+           gpu="A5000"),  # tight 98.0%
     # uncapped: memory and step time
     ("llama", dict(precision="bf16", batch_size=8, seq_len=1024)),
     ("qwen", dict(precision="amp-bf16", batch_size=16, seq_len=512, peft="lora")),
@@ -314,31 +296,19 @@ then sixteen uncapped setups whose step times also judge the step-time model of 
 
 HELD_OUT_8: list[tuple[str, dict]] = [
     # near capacity: sized at 8e5d91f (changes 7-8: the 4-bit load's warm-up segment and key order) with the
-    # simulate verdict, each pair the longest sequence (64-token steps) judged to run and the next (no)
-    ("llama3b", dict(precision="bf16", batch_size=4, seq_len=2432, peft="qlora", checkpointing=True, gpu="RTX-3090",
-                     **ALL)),  # fits 97.8%
-    ("llama3b", dict(precision="bf16", batch_size=4, seq_len=2496, peft="qlora", checkpointing=True, gpu="RTX-3090",
-                     **ALL)),  # no
-    ("qwen7b", dict(precision="bf16", batch_size=4, seq_len=1536, peft="qlora", checkpointing=True,
-                    gpu="RTX-4090")),  # tight 99.4%
-    ("qwen7b", dict(precision="bf16", batch_size=4, seq_len=1600, peft="qlora", checkpointing=True,
-                    gpu="RTX-4090")),  # no
-    ("phi3", dict(precision="bf16", batch_size=4, seq_len=3520, peft="qlora", checkpointing=True, gpu="RTX-4080",
-                  **ALL)),  # tight 100.0%
-    ("phi3", dict(precision="bf16", batch_size=4, seq_len=3584, peft="qlora", checkpointing=True, gpu="RTX-4080",
-                  **ALL)),  # no
-    ("gemma2", dict(precision="bf16", batch_size=2, seq_len=1344, peft="qlora", checkpointing=True, gpu="A4000",
-                    **ALL)),  # tight 99.4%
-    ("gemma2", dict(precision="bf16", batch_size=2, seq_len=1408, peft="qlora", checkpointing=True, gpu="A4000",
-                    **ALL)),  # no
-    ("mistral", dict(precision="bf16", batch_size=2, seq_len=6592, peft="qlora", checkpointing=True, gpu="L4",
-                     **ALL)),  # tight 99.7%
-    ("mistral", dict(precision="bf16", batch_size=2, seq_len=6656, peft="qlora", checkpointing=True, gpu="L4",
-                     **ALL)),  # no
-    ("llama", dict(precision="amp-bf16", batch_size=8, seq_len=384, gpu="RTX-5090")),  # fits 97.1%
-    ("llama", dict(precision="amp-bf16", batch_size=8, seq_len=448, gpu="RTX-5090")),  # no
-    ("qwen3", dict(precision="bf16", batch_size=8, seq_len=320, peft="lora", gpu="RTX-3060-12GB")),  # fits 93.6%
-    ("qwen3", dict(precision="bf16", batch_size=8, seq_len=384, peft="lora", gpu="RTX-3060-12GB")),  # no
+    # simulate verdict
+    *_edge("llama3b", 2432, precision="bf16", batch_size=4, peft="qlora", checkpointing=True, gpu="RTX-3090",
+           **ALL),  # fits 97.8%
+    *_edge("qwen7b", 1536, precision="bf16", batch_size=4, peft="qlora", checkpointing=True,
+           gpu="RTX-4090"),  # tight 99.4%
+    *_edge("phi3", 3520, precision="bf16", batch_size=4, peft="qlora", checkpointing=True, gpu="RTX-4080",
+           **ALL),  # tight 100.0%
+    *_edge("gemma2", 1344, precision="bf16", batch_size=2, peft="qlora", checkpointing=True, gpu="A4000",
+           **ALL),  # tight 99.4%
+    *_edge("mistral", 6592, precision="bf16", batch_size=2, peft="qlora", checkpointing=True, gpu="L4",
+           **ALL),  # tight 99.7%
+    *_edge("llama", 384, precision="amp-bf16", batch_size=8, gpu="RTX-5090"),  # fits 97.1%
+    *_edge("qwen3", 320, precision="bf16", batch_size=8, peft="lora", gpu="RTX-3060-12GB"),  # fits 93.6%
     # uncapped: memory and step time, sequences 1024-8192
     ("llama", dict(precision="bf16", batch_size=4, seq_len=4096, checkpointing=True)),
     ("qwen", dict(precision="amp-fp16", batch_size=8, seq_len=2048, peft="lora", **ALL)),

@@ -7,8 +7,8 @@ docs/estimate-validation.md).
 
 The QLoRA build replays what `trainmem run` does on the GPU (`build.build_model`): every weight of the
 checkpoint is loaded in its dtype into the one segment transformers' warm-up allocation left cached, each
-Linear but the output head is quantized on the device (its 16-bit copy then freed), peft casts every other parameter to fp32 and empties the allocator's cache,
-then adds the fp32 adapters.
+Linear but the output head is quantized on the device (its 16-bit copy then freed), peft casts every other
+parameter to fp32 and empties the allocator's cache, then adds the fp32 adapters.
 """
 
 from __future__ import annotations
