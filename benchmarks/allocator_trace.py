@@ -3,7 +3,8 @@
     python benchmarks/allocator_trace.py OUT_DIR [INDEX ...]    # on the GPU: OUT_DIR/traces.json.gz
 
 Each setup (an index into validate.SETUPS, hN for validate.HELD_OUT[N], gN for validate.HELD_OUT_2[N],
-kN for validate.HELD_OUT_4[N], sN for validate.HELD_OUT_6[N], tN for validate.HELD_OUT_7[N], cN for the
+kN for validate.HELD_OUT_4[N], sN for validate.HELD_OUT_6[N], tN for validate.HELD_OUT_7[N], uN for
+validate.HELD_OUT_8[N], cN for the
 chapter's run N on a T4; under its `gpu` emulation where it names one) runs as in validate.py, under
 `torch.cuda.memory._record_memory_history`; the trace keeps, per event, its action (alloc,
 free_completed, segment_alloc, ...), size and address. The estimator's allocator replay
@@ -21,7 +22,7 @@ import os
 import sys
 import time
 
-from validate import HELD_OUT, HELD_OUT_2, HELD_OUT_4, HELD_OUT_6, HELD_OUT_7, MODELS, SETUPS
+from validate import HELD_OUT, HELD_OUT_2, HELD_OUT_4, HELD_OUT_6, HELD_OUT_7, HELD_OUT_8, MODELS, SETUPS
 
 from trainmem.chapter import RUNS
 
@@ -47,7 +48,7 @@ def main(out_dir: str, indices: list[str]) -> int:
     os.makedirs(out_dir, exist_ok=True)
     traces = []
     for i in indices:
-        sets = {"h": HELD_OUT, "g": HELD_OUT_2, "k": HELD_OUT_4, "s": HELD_OUT_6, "t": HELD_OUT_7, "c": CHAPTER_T4}
+        sets = {"h": HELD_OUT, "g": HELD_OUT_2, "k": HELD_OUT_4, "s": HELD_OUT_6, "t": HELD_OUT_7, "u": HELD_OUT_8, "c": CHAPTER_T4}
         arch, kw = sets[i[0]][int(i[1:])] if i[0] in sets else SETUPS[int(i)]
         gc.collect()
         torch.cuda.empty_cache()

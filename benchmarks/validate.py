@@ -8,8 +8,8 @@
     python benchmarks/validate.py held-out-4 OUT_DIR [INDEX ...]  # HELD_OUT_4: 32 setups, six steps each
     python benchmarks/validate.py held-out-5 OUT_DIR [INDEX ...]  # HELD_OUT_5: 11 setups, 9 near a card's capacity
     python benchmarks/validate.py held-out-6 OUT_DIR [INDEX ...]  # HELD_OUT_6: 32 setups
-    python benchmarks/validate.py held-out-7 OUT_DIR [INDEX ...]  # HELD_OUT_7: 30 setups (25 measured)
-    python benchmarks/validate.py held-out-8 OUT_DIR [INDEX ...]  # HELD_OUT_8: 30 setups, not yet measured
+    python benchmarks/validate.py held-out-7 OUT_DIR [INDEX ...]  # HELD_OUT_7: 30 setups
+    python benchmarks/validate.py held-out-8 OUT_DIR [INDEX ...]  # HELD_OUT_8: 30 setups
     python benchmarks/validate.py sharded OUT_DIR [INDEX ...]     # SHARDED: FSDP2 ranks through the fake group
     python benchmarks/validate.py compare JSONL       # anywhere: the error table (docs/estimate-validation.md)
 
