@@ -95,6 +95,32 @@ def test_real_h200_trace_is_replayed_segment_for_segment():
     assert a.peak_reserved == trace["memory"]["peak_reserved"]
 
 
+def test_capped_h200_traces_replay_to_the_byte_and_run_out_where_the_real_runs_did():
+    """Four QLoRA rows near an emulated card's capacity (held-out 7 and 8), each traced in its own process:
+    the real alloc/free order, with `empty_cache` where the driver got segments back, under the row's cap,
+    reaches the measured max_memory_reserved to the byte, and the request that ran out of memory on the
+    H200 runs out in the replay too (the cap's release-and-retry included)."""
+    path = Path(__file__).parent.parent / "docs" / "data" / "trace-held-out-7-8-misses-h200-2026-12-04.json.gz"
+    names = {"llama3b": "llama-3.2-3b", "phi3": "phi-3-mini", "mistral": "mistral-7b"}
+    traces = json.loads(gzip.open(path, "rt").read())["traces"]
+    assert [t["status"] for t in traces] == ["oom", "oom", "ok", "oom"]
+    for t in traces:
+        setup = trainmem.TrainSetup(**t["setup"]).resolved(trainmem.ModelSpec.resolve(names[t["arch"]]))
+        a = CachingAllocator(cap=setup.cap_bytes())
+        events = t["events"]
+        for i, (action, addr, size, _stream, _where) in enumerate(events):
+            if action == "segment_free" and events[i - 1][0] != "segment_free":
+                a.empty_cache()
+            elif action == "alloc":
+                a.malloc(addr, size)
+            elif action == "free_completed":
+                a.free(addr)
+            elif action == "oom":
+                with pytest.raises(AllocatorOOM):
+                    a.malloc("the request that failed", size)
+        assert a.peak_reserved == t["memory"]["peak_reserved"], t["index"]
+
+
 def test_simulate_replays_its_own_allocations():
     setup = trainmem.TrainSetup(batch_size=4, seq_len=64, precision="bf16")
     b = trainmem.estimate("tiny-llama", setup, "simulate")

@@ -134,6 +134,26 @@ def test_the_4bit_load_goes_in_the_checkpoints_sorted_key_order():
     assert copies[:2] == [2 * h * h, 2 * 3 * h * h]
 
 
+def test_the_math_attention_paths_safe_softmax_allocates_its_mask_inside():
+    """fp32 with grouped KV heads runs SDPA's math path, whose `_safe_softmax` is one operator to the ledger
+    but allocates, after its probabilities, a boolean (b, h, s, s) test and its (b, h, s) row reduction,
+    freed before it returns (H200 trace of held-out 8's llama-3.2-3b QLoRA row; tests/gpu checks CUDA)."""
+    from trainmem.estimator import _builder
+    from trainmem.estimator.simulate import simulate_step
+
+    spec = ModelSpec.resolve("tiny-llama")  # 4 heads over 2 KV heads
+    setup = TrainSetup(precision="fp32", batch_size=2, seq_len=16, steps=1).resolved(spec)
+    ledger, _ = simulate_step(_builder(spec, setup, "fp32", CATALOG["H200"]), setup)
+    probs, mask, rows = 4 * 2 * 4 * 16 * 16, 2 * 4 * 16 * 16, 2 * 4 * 16
+    sizes = [n for _, n in ledger.events]
+    # the probabilities, then the mask and the rows, each freed at once
+    assert any(sizes[i:i + 5] == [probs, mask, -1, rows, -1] for i in range(len(sizes)))
+    bf16 = TrainSetup(precision="bf16", batch_size=2, seq_len=16, steps=1).resolved(spec)  # flash: no mask
+    ledger, _ = simulate_step(_builder(spec, bf16, "bf16", CATALOG["H200"]), bf16)
+    sizes = [n for _, n in ledger.events]
+    assert not any(sizes[i:i + 4] == [mask, -1, rows, -1] for i in range(len(sizes)))
+
+
 def test_the_4bit_warmup_is_what_transformers_allocated_on_the_h200():
     """gemma-2-2b's 4-bit load on the H200 (held-out 6, row 2) warmed the allocator up with exactly this many
     bytes (allocator trace, docs/data/trace-held-out-6-qlora-rows-h200-2026-12-04.json.gz): tied head left out,

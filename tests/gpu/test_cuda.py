@@ -83,3 +83,23 @@ def test_a_capped_run_does_not_cap_the_next_one_in_the_process():
     r = measure()
     assert r.status == "ok", r.error
     assert r.memory["peak_reserved"] > 8 * 2**20
+
+
+def test_safe_softmax_allocates_what_the_simulation_adds():
+    # the math SDPA path's `_safe_softmax` is one operator to a dispatch mode; on CUDA it also allocates a
+    # boolean test of its input and the per-row reduction of it, which simulate.CudaKernels adds
+    import torch
+
+    from trainmem.estimator.allocator import round_size
+    from trainmem.estimator.simulate import CudaKernels
+
+    x = torch.randn(2, 4, 256, 256, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = torch.ops.aten._safe_softmax.default(x, -1)
+    extra = torch.cuda.max_memory_allocated() - before - round_size(out.untyped_storage().nbytes())
+    meta = torch.empty(x.shape, device="meta")
+    added = CudaKernels(None)(torch.ops.aten._safe_softmax.default, (meta,), meta)  # no ledger: not a matmul
+    # the kernel's own 4-byte scalar is the only allocation the simulation leaves out (one 512-byte block)
+    assert 0 <= extra - sum(round_size(n) for n in added) <= 512

@@ -135,6 +135,10 @@ class CudaKernels:
       (4-D: the math SDPA path, eager attention) allocates one more buffer of its output's size, freed
       before it returns (H200 trace of mistral-7b QLoRA b4 s2048, 2026-12-03: four 2 GiB buffers live at
       the peak where the meta decomposition has three);
+    - the math SDPA path's `_safe_softmax` (one operator to a dispatch mode) allocates, after its output, a
+      boolean copy of its input's `== -inf` test and the per-row reduction of it, freed before it returns
+      (H200 trace of llama-3.2-3b QLoRA b4 s2496, 2026-12-04: a 570 MiB block per layer beside the 2.2 GiB
+      probabilities, which the meta run lacked);
     - each cuBLAS handle's workspace (`runtime.CUBLAS_WORKSPACE` / `CUBLAS_HANDLES`), held from the
       handle's first matrix product on: the forward thread's and autograd's backward thread's."""
 
@@ -151,6 +155,8 @@ class CudaKernels:
                 self.ledger.hold(self.workspace)
         if func is torch.ops.aten._softmax_backward_data.default and out.dim() == 4 and out.dtype == torch.float32:
             return [out.untyped_storage().nbytes()]
+        if func is torch.ops.aten._safe_softmax.default:
+            return [out.numel(), out.numel() // max(out.shape[-1], 1)]
         if func is torch.ops.aten.embedding_dense_backward.default:
             grad, indices, num_weights = args[0], args[1], args[2]
             n = indices.numel()
