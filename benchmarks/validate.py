@@ -10,6 +10,7 @@
     python benchmarks/validate.py held-out-6 OUT_DIR [INDEX ...]  # HELD_OUT_6: 32 setups
     python benchmarks/validate.py held-out-7 OUT_DIR [INDEX ...]  # HELD_OUT_7: 30 setups
     python benchmarks/validate.py held-out-8 OUT_DIR [INDEX ...]  # HELD_OUT_8: 30 setups
+    python benchmarks/validate.py held-out-9 OUT_DIR [INDEX ...]  # HELD_OUT_9: 8 setups
     python benchmarks/validate.py sharded OUT_DIR [INDEX ...]     # SHARDED: FSDP2 ranks through the fake group
     python benchmarks/validate.py compare JSONL       # anywhere: the error table (docs/estimate-validation.md)
 
@@ -333,6 +334,21 @@ sized at 8e5d91f before any of it ran, for the next session's device time; seven
 QLoRA, on cards no earlier pair used them on), then sixteen uncapped setups whose step times also judge the
 step-time model. Run the first fourteen first (`held-out-8 $OUT 0 1 ... 13`): they decide issue 15."""
 
+HELD_OUT_9: list[tuple[str, dict]] = [
+    # near capacity: sized at change 9 (the math attention path's softmax mask) with the simulate verdict,
+    # on the math path where change 9 acts (QLoRA of a GQA model, fp32 with GQA on a T4) and one full bf16
+    *_edge("qwen1.5b", 1152, precision="bf16", batch_size=4, peft="qlora", checkpointing=True,
+           gpu="RTX-3060-12GB", **ALL),  # tight 99.3%
+    *_edge("llama", 448, precision="fp32", batch_size=4, peft="lora", gpu="T4"),  # tight 98.6%
+    *_edge("gemma3", 2112, precision="bf16", batch_size=2, checkpointing=True, optimizer="adamw-8bit",
+           gpu="A10G"),  # fits 97.9%
+    # uncapped
+    ("qwen3", dict(precision="amp-bf16", batch_size=8, seq_len=2048, checkpointing=True)),
+    ("gpt2", dict(precision="fp32", batch_size=16, seq_len=1024, peft="lora")),
+]
+"""The ninth held-out set, small enough for one device call (six minutes of device time were left): three
+near-capacity pairs and two uncapped setups, chosen and sized at change 9 before any of it ran."""
+
 SHARDED: list[tuple[str, dict]] = [
     ("llama", dict(precision="amp-bf16", batch_size=2, seq_len=1024, gpus=2)),
     ("llama", dict(precision="amp-bf16", batch_size=2, seq_len=1024, gpus=8, checkpointing=True)),
@@ -422,6 +438,8 @@ if __name__ == "__main__":
         sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], HELD_OUT_5, "validation-held-out-5.jsonl", steps=6))
     if cmd == "held-out-6":
         sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], HELD_OUT_6, "validation-held-out-6.jsonl", steps=6))
+    if cmd == "held-out-9":
+        sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], HELD_OUT_9, "validation-held-out-9.jsonl", steps=6))
     if cmd == "held-out-7":
         sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], HELD_OUT_7, "validation-held-out-7.jsonl", steps=6))
     if cmd == "held-out-8":
