@@ -38,7 +38,9 @@ FIT_FILES = [os.path.join(HERE, "..", "docs", "data", f) for f in (
     "validation-held-out-3-h200-2026-12-03.jsonl",
     "validation-held-out-4-h200-2026-12-03.jsonl", "time-held-out-h200-2026-12-04.jsonl",
     # reported at f706eda's model before any change (docs/time-model.md, held-out 3): in-sample from here on
-    "validation-held-out-5-h200-2026-12-04.jsonl", "validation-held-out-6-h200-2026-12-04.jsonl")]
+    "validation-held-out-5-h200-2026-12-04.jsonl", "validation-held-out-6-h200-2026-12-04.jsonl",
+    # reported at f706eda's constants before any change (docs/time-model.md, held-out 4 and 5): in-sample from here on
+    "validation-held-out-7-h200-2026-12-04.jsonl", "validation-held-out-8-h200-2026-12-04.jsonl")]
 """The calibration data: the H200 measurement files committed before the time model existed (every one of
 their rows with a step time, see `rows`), and since the 2026-12-04 change the step-time model's two former
 held-out sets: `validation-held-out-4-h200-2026-12-03.jsonl` (memory's held-out 4, measured 2026-12-03, the
@@ -47,8 +49,10 @@ time model's first held-out check) and `time-held-out-h200-2026-12-04.jsonl` (`T
 now: the next held-out set judges the change. Memory's held-out 5 and 6
 (`validation-held-out-5-h200-2026-12-04.jsonl`, `validation-held-out-6-h200-2026-12-04.jsonl`, measured
 2026-12-04) were reported at f706eda's time model (held-out 3 in docs/time-model.md) and joined the fit
-after that, with the second change. Named, not globbed, so that a new held-out file stays held
-out when it is committed next to them."""
+after that, with the second change. Memory's held-out 7 and 8 (`validation-held-out-7-h200-2026-12-04.jsonl`,
+`validation-held-out-8-h200-2026-12-04.jsonl`, measured 2026-12-04) were reported at f706eda's constants (held-out
+4 and 5 in docs/time-model.md) and joined the fit after that, with the third refit. Named, not globbed, so that a
+new held-out file stays held out when it is committed next to them."""
 
 STEPS = 8
 """Steps per held-out run: 2 probed, then 6 timed (median of >= 4 steady steps)."""

@@ -23,8 +23,9 @@ twice the forward for weights that train (input and weight gradients), once for 
 gradient only: LoRA's and QLoRA's base); checkpointing adds one more forward of the decoder layers.
 Offload (ZeRO/FSDP) adds its PCIe transfers; communication between GPUs is not modelled.
 
-The constants are fitted to the H200 step times committed in docs/data (`benchmarks/time_validate.py fit`;
-since 2026-12-04 including the two former held-out sets, so the next held-out set judges this version);
+The constants are fitted to the H200 step times committed in docs/data (`benchmarks/time_validate.py fit`
+on its `FIT_FILES`: since the third refit, on f706eda's structure, every former held-out set included, 273 rows,
+so the next held-out set judges these constants);
 every other card's time is derived from its catalog figures (`gpus.SPEEDS`), which the result says.
 """
 
@@ -40,24 +41,24 @@ from ..setup import TrainSetup
 from .states import Inventory
 
 # --- fitted on the H200 (benchmarks/time_validate.py fit; docs/time-model.md) ------------------------------
-EFF_MATMUL = 0.6393
+EFF_MATMUL = 0.6177
 """Achieved fraction of the card's peak dense half-precision (tensor-core) matmul throughput."""
-EFF_FP32 = 0.8289
+EFF_FP32 = 0.8685
 """Achieved fraction of the card's peak plain-fp32 throughput in fp32 matmuls (CUDA cores, no TF32)."""
-EFF_FLASH = 0.4897
+EFF_FLASH = 0.3678
 """Achieved fraction of peak of the flash attention kernel, forward and backward together (FlashAttention-2,
 what PyTorch's flash SDPA runs, reaches about 335 of the H100's 989 dense TFLOPS: Dao 2023, arXiv
-2307.08691, fig. 7; the fit lands lower: torch's kernel at these head sizes and lengths)."""
-EFF_BANDWIDTH = 0.4059
+2307.08691, fig. 7; the fit on the H200 rows lands a little above that)."""
+EFF_BANDWIDTH = 0.3967
 """Achieved fraction of the card's peak memory bandwidth in elementwise and optimizer kernels."""
-HOST_PER_OP = 93.61e-6
+HOST_PER_OP = 90.93e-6
 """Host seconds per module call per decoder layer and pass (Python, autograd and kernel launches)."""
-QLORA_OPS = 1.803
+QLORA_OPS = 2.058
 """Module calls a bitsandbytes 4-bit Linear costs beyond a plain Linear (quantization state, dequantize,
 cast, its autograd function)."""
-HOST_PER_TENSOR = 174.2e-6
+HOST_PER_TENSOR = 168.2e-6
 """Host seconds per trainable tensor of a per-tensor optimizer step (bitsandbytes 8-bit, Adafactor)."""
-EFF_8BIT = 0.05455
+EFF_8BIT = 0.0565
 """Achieved fraction of the card's peak bandwidth of bitsandbytes' blockwise 8-bit AdamW kernel over the
 bytes it moves (`BYTES_8BIT`): each element's two states are dequantized through the 256-entry dynamic map
 and re-quantized by searching it, with a per-block absmax reduction, so the kernel is bound by that work,
