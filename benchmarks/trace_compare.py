@@ -1,0 +1,84 @@
+"""Where a traced run and its simulation run out of memory, replayed under the same allocator cap.
+
+    python benchmarks/trace_compare.py TRACES.json.gz [INDEX ...]   # anywhere: no GPU needed
+
+For each trace of `allocator_trace.py` (validate.py's held-out rows sN, tN, uN), two replays through
+`trainmem.estimator.allocator` under the row's cap: the real alloc/free sequence (with `empty_cache` where the
+driver got segments back), and the simulate method's own ledger for the same setup. Each ends at its first
+out-of-memory request or runs to the end; printed side by side with the measured outcome, they show whether a
+wrong verdict comes from the simulated sequence or from the allocator replay. Only a trace recorded first in its
+process starts, as the simulation does, from an empty allocator.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+
+from validate import HELD_OUT_6, HELD_OUT_7, HELD_OUT_8, MODELS
+
+import trainmem
+from trainmem.estimator import _builder
+from trainmem.estimator.allocator import AllocatorOOM, CachingAllocator, replay
+from trainmem.estimator.simulate import simulate_step
+from trainmem.gpus import find_gpu
+
+GiB = 2**30
+SETS = {"s": HELD_OUT_6, "t": HELD_OUT_7, "u": HELD_OUT_8}
+
+
+def _outcome(a: CachingAllocator, failed: int | None) -> str:
+    if failed is None:
+        return f"runs, peak reserved {a.peak_reserved / GiB:.3f} GiB"
+    return f"out of memory at a {failed / 2**20:.1f} MiB request, {a.allocated / GiB:.3f} GiB allocated, " \
+           f"{a.reserved / GiB:.3f} reserved"
+
+
+def real(trace: dict, cap: int) -> str:
+    a, events, failed = CachingAllocator(cap=cap), trace["events"], None
+    for i, (action, addr, size, _stream, _where) in enumerate(events):
+        if action == "segment_free" and events[i - 1][0] != "segment_free":
+            a.empty_cache()
+        elif action == "alloc":
+            try:
+                a.malloc(addr, size)
+            except AllocatorOOM:
+                failed = size
+                break
+        elif action == "free_completed":
+            a.free(addr)
+        elif action == "oom":
+            failed = size
+            break
+    return _outcome(a, failed)
+
+
+def simulated(spec: trainmem.ModelSpec, setup: trainmem.TrainSetup, precision: str, cap: int) -> str:
+    card = find_gpu(setup.gpu)
+    ledger, _ = simulate_step(_builder(spec, setup, precision, card), setup, precision,
+                              workspace=card.cublas_workspace, flash=card.flash)
+    a = CachingAllocator(cap=cap)
+    try:
+        replay(ledger.events, allocator=a)
+    except AllocatorOOM as e:
+        return _outcome(a, e.requested)
+    return _outcome(a, None)
+
+
+def main(path: str, indices: list[str]) -> int:
+    for t in json.load(gzip.open(path, "rt"))["traces"]:
+        if indices and t["index"] not in indices:
+            continue
+        arch, kw = SETS[t["index"][0]][int(t["index"][1:])]
+        spec = trainmem.ModelSpec.resolve(MODELS[arch])
+        setup = trainmem.TrainSetup(**{"steps": 3, **kw}).resolved(spec)
+        cap = setup.cap_bytes(kw["precision"])
+        print(f"{t['index']} {spec.name} {kw} measured: {t['status']}\n"
+              f"  real sequence:      {real(t, cap)}\n"
+              f"  simulated sequence: {simulated(spec, setup, kw['precision'], cap)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2:]))
