@@ -11,6 +11,7 @@
     python benchmarks/validate.py held-out-7 OUT_DIR [INDEX ...]  # HELD_OUT_7: 30 setups
     python benchmarks/validate.py held-out-8 OUT_DIR [INDEX ...]  # HELD_OUT_8: 30 setups
     python benchmarks/validate.py held-out-9 OUT_DIR [INDEX ...]  # HELD_OUT_9: 8 setups
+    python benchmarks/validate.py held-out-10 OUT_DIR [INDEX ...] # HELD_OUT_10: 30 setups, not yet measured
     python benchmarks/validate.py sharded OUT_DIR [INDEX ...]     # SHARDED: FSDP2 ranks through the fake group
     python benchmarks/validate.py compare JSONL       # anywhere: the error table (docs/estimate-validation.md)
 
@@ -349,6 +350,45 @@ HELD_OUT_9: list[tuple[str, dict]] = [
 """The ninth held-out set, small enough for one device call (six minutes of device time were left): three
 near-capacity pairs and two uncapped setups, chosen and sized at change 9 before any of it ran."""
 
+HELD_OUT_10: list[tuple[str, dict]] = [
+    # near capacity: sized at 0194df2 (changes 9-10) with the simulate verdict
+    *_edge("llama8b", 1728, precision="bf16", batch_size=2, peft="qlora", checkpointing=True, gpu="RTX-4080",
+           **ALL),  # tight 100.0%
+    *_edge("gemma2", 1024, precision="bf16", batch_size=4, peft="qlora", checkpointing=True, gpu="L4",
+           **ALL),  # fits 97.4%
+    *_edge("phi3", 3136, precision="fp16", batch_size=4, peft="qlora", checkpointing=True, gpu="T4",
+           **ALL),  # tight 100.0%
+    *_edge("qwen7b", 16512, precision="bf16", batch_size=1, peft="lora", checkpointing=True, gpu="A6000",
+           **ALL),  # tight 99.9%
+    *_edge("olmo2", 2048, precision="amp-fp16", batch_size=4, checkpointing=True, gpu="V100-32GB"),  # fits 97.9%
+    *_edge("stablelm", 256, precision="fp16", batch_size=8, peft="lora", gpu="RTX-3060-12GB"),  # fits 86.2%
+    *_edge("mistral", 13120, precision="bf16", batch_size=1, peft="qlora", checkpointing=True, gpu="A10G",
+           **ALL),  # tight 100.0%
+    # uncapped: memory and step time, sequences 1024-8192
+    ("llama8b", dict(precision="bf16", batch_size=1, seq_len=4096, peft="lora", checkpointing=True, **ALL)),
+    ("qwen7b", dict(precision="bf16", batch_size=2, seq_len=2048, peft="qlora", checkpointing=True, **ALL)),
+    ("gemma3", dict(precision="amp-bf16", batch_size=4, seq_len=2048, peft="lora")),
+    ("phi2", dict(precision="amp-fp16", batch_size=4, seq_len=2048, checkpointing=True)),
+    ("olmo2", dict(precision="bf16", batch_size=8, seq_len=1024, peft="lora", **ALL)),
+    ("stablelm", dict(precision="bf16", batch_size=4, seq_len=4096, peft="qlora", checkpointing=True)),
+    ("neox", dict(precision="amp-bf16", batch_size=8, seq_len=1024, peft="lora")),
+    ("gpt2", dict(precision="bf16", batch_size=32, seq_len=1024, optimizer="adamw-8bit")),
+    ("qwen1.5b", dict(precision="fp32", batch_size=4, seq_len=1024, peft="lora", **ALL)),
+    ("llama3b", dict(precision="amp-bf16", batch_size=2, seq_len=2048, checkpointing=True,
+                     optimizer="paged-adamw-8bit")),
+    ("qwen3", dict(precision="bf16", batch_size=16, seq_len=2048, peft="qlora", checkpointing=True)),
+    ("gemma2", dict(precision="bf16", batch_size=1, seq_len=8192, peft="lora", checkpointing=True, **ALL)),
+    ("mistral", dict(precision="bf16", batch_size=2, seq_len=2048, peft="qlora", checkpointing=True)),
+    ("phi3", dict(precision="amp-bf16", batch_size=2, seq_len=2048, peft="lora", checkpointing=True, **ALL)),
+    ("qwen", dict(precision="fp16", batch_size=16, seq_len=1024, checkpointing=True, optimizer="adamw-fused")),
+    ("llama", dict(precision="bf16", batch_size=2, seq_len=8192, checkpointing=True)),
+]
+"""The tenth held-out set, to judge changes 9-10 at full size (held-out 9 had eight setups): chosen and sized
+at 0194df2 before any of it ran, for the next session's device time; seven near-capacity pairs (four QLoRA,
+two on cards no pair used before: the RTX-4080 for an 8B model and the A6000), then sixteen uncapped setups
+whose step times judge the third refit. Run the first fourteen first (`held-out-10 $OUT 0 1 ... 13`)."""
+
+
 SHARDED: list[tuple[str, dict]] = [
     ("llama", dict(precision="amp-bf16", batch_size=2, seq_len=1024, gpus=2)),
     ("llama", dict(precision="amp-bf16", batch_size=2, seq_len=1024, gpus=8, checkpointing=True)),
@@ -438,6 +478,8 @@ if __name__ == "__main__":
         sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], HELD_OUT_5, "validation-held-out-5.jsonl", steps=6))
     if cmd == "held-out-6":
         sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], HELD_OUT_6, "validation-held-out-6.jsonl", steps=6))
+    if cmd == "held-out-10":
+        sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], HELD_OUT_10, "validation-held-out-10.jsonl", steps=6))
     if cmd == "held-out-9":
         sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], HELD_OUT_9, "validation-held-out-9.jsonl", steps=6))
     if cmd == "held-out-7":
