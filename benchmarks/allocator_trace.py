@@ -4,8 +4,8 @@
 
 Each setup (an index into validate.SETUPS, hN for validate.HELD_OUT[N], gN for validate.HELD_OUT_2[N],
 kN for validate.HELD_OUT_4[N], sN for validate.HELD_OUT_6[N], tN for validate.HELD_OUT_7[N], uN for
-validate.HELD_OUT_8[N], cN for the
-chapter's run N on a T4; under its `gpu` emulation where it names one) runs as in validate.py, under
+validate.HELD_OUT_8[N], cN for the chapter's run N on a T4; under its `gpu` emulation where it names one)
+runs as in validate.py, under
 `torch.cuda.memory._record_memory_history`; the trace keeps, per event, its action (alloc,
 free_completed, segment_alloc, ...), size and address. The estimator's allocator replay
 (trainmem.estimator.allocator) is checked against these: replaying the real alloc/free sequence must give

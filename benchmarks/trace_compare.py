@@ -15,12 +15,13 @@ from __future__ import annotations
 import gzip
 import json
 import sys
+from collections.abc import Iterable
 
 from validate import HELD_OUT_6, HELD_OUT_7, HELD_OUT_8, MODELS
 
 import trainmem
 from trainmem.estimator import _builder
-from trainmem.estimator.allocator import AllocatorOOM, CachingAllocator, replay
+from trainmem.estimator.allocator import AllocatorOOM, CachingAllocator, replay, trace_events
 from trainmem.estimator.simulate import simulate_step
 from trainmem.gpus import find_gpu
 
@@ -36,31 +37,20 @@ def _outcome(a: CachingAllocator, failed: int | None) -> str:
 
 
 def real(trace: dict, cap: int) -> str:
-    a, events, failed = CachingAllocator(cap=cap), trace["events"], None
-    for i, (action, addr, size, _stream, _where) in enumerate(events):
-        if action == "segment_free" and events[i - 1][0] != "segment_free":
-            a.empty_cache()
-        elif action == "alloc":
-            try:
-                a.malloc(addr, size)
-            except AllocatorOOM:
-                failed = size
-                break
-        elif action == "free_completed":
-            a.free(addr)
-        elif action == "oom":
-            failed = size
-            break
-    return _outcome(a, failed)
+    return _replayed(trace_events(trace["events"]), cap)
 
 
 def simulated(spec: trainmem.ModelSpec, setup: trainmem.TrainSetup, precision: str, cap: int) -> str:
     card = find_gpu(setup.gpu)
     ledger, _ = simulate_step(_builder(spec, setup, precision, card), setup, precision,
                               workspace=card.cublas_workspace, flash=card.flash)
+    return _replayed(ledger.events, cap)
+
+
+def _replayed(events: Iterable[tuple[object, int]], cap: int) -> str:
     a = CachingAllocator(cap=cap)
     try:
-        replay(ledger.events, allocator=a)
+        replay(events, allocator=a)
     except AllocatorOOM as e:
         return _outcome(a, e.requested)
     return _outcome(a, None)

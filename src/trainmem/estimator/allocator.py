@@ -22,8 +22,9 @@ default).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 MiB = 1024**2
 MIN_BLOCK = 512
@@ -188,4 +189,23 @@ def replay(events: Iterable[tuple[object, int]], cap: int | None = None,
     return a
 
 
-__all__ = ["CachingAllocator", "AllocatorOOM", "replay", "round_size", "segment_size"]
+def trace_events(trace: Sequence[Sequence[Any]]) -> Iterator[tuple[object, int]]:
+    """A recorded CUDA allocator trace as `replay` events: `benchmarks/allocator_trace.py` keeps
+    (action, address, size, stream, frames) per event of `torch.cuda.memory._snapshot()`. Each alloc and
+    completed free, an `empty_cache` where a run of segments went back to the driver, and the request that
+    ran out of memory (`oom`), after which the trace ends."""
+    from ..measure import EMPTY_CACHE
+
+    for i, (action, addr, size, *_rest) in enumerate(trace):
+        if action == "segment_free" and trace[i - 1][0] != "segment_free":
+            yield EMPTY_CACHE, 0
+        elif action == "alloc":
+            yield addr, size
+        elif action == "free_completed":
+            yield addr, -1
+        elif action == "oom":
+            yield "the request that ran out", size
+            return
+
+
+__all__ = ["CachingAllocator", "AllocatorOOM", "replay", "trace_events", "round_size", "segment_size"]
