@@ -11,7 +11,7 @@
     python benchmarks/validate.py held-out-7 OUT_DIR [INDEX ...]  # HELD_OUT_7: 30 setups
     python benchmarks/validate.py held-out-8 OUT_DIR [INDEX ...]  # HELD_OUT_8: 30 setups
     python benchmarks/validate.py held-out-9 OUT_DIR [INDEX ...]  # HELD_OUT_9: 8 setups
-    python benchmarks/validate.py held-out-10 OUT_DIR [INDEX ...] # HELD_OUT_10: 30 setups, not yet measured
+    python benchmarks/validate.py held-out-10 OUT_DIR [INDEX ...] # HELD_OUT_10: 30 setups
     python benchmarks/validate.py sharded OUT_DIR [INDEX ...]     # SHARDED: FSDP2 ranks through the fake group
     python benchmarks/validate.py compare JSONL       # anywhere: the error table (docs/estimate-validation.md)
 

@@ -209,6 +209,18 @@ def test_the_4bit_warmup_is_what_transformers_allocated_on_the_h200():
     assert quantized.warmup_bytes(base, states.quantizable(base), device_total=2**31) == 2**31 - int(1.2 * 2**30)
 
 
+def test_a_qlora_run_that_fits_three_steps_and_runs_out_in_the_fourth_is_judged_no():
+    """Held-out 10's mistral-7b QLoRA at 13120 tokens under the A10G's cap ran three steps on the H200 and ran
+    out in the fourth (2026-12-04): the three simulated steps fit (`tight`), the replay of the steady step
+    repeated until the allocator's layout settles runs out, as the real run did."""
+    spec = ModelSpec.resolve("mistral-7b")
+    setup = TrainSetup(precision="bf16", batch_size=1, seq_len=13120, peft="qlora", checkpointing=True,
+                       lora_targets=["all-linear"], lora_r=16, gpu="A10G")
+    b = estimate(spec, setup, "simulate")
+    assert b.verdict("A10G")["level"] == "no"
+    assert any("runs out of memory under" in n for n in b.notes)
+
+
 def test_methods_and_fallbacks():
     spec = ModelSpec.resolve("tiny-llama")
     for precision in ("amp-bf16", "amp-fp16", "bf16", "fp32"):  # auto simulates every single-GPU setup

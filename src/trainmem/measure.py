@@ -153,6 +153,9 @@ class TensorLedger(TorchDispatchMode):
         self.events: list[tuple[int, int]] | None = None
         """With `record()`: (storage key, bytes) per allocation and (key, -1) per free, in order, for the
         allocator replay (`trainmem.estimator.allocator`)."""
+        self.marks: dict[str, int] = {}
+        """With `record()`: the index in `events` at which each phase first began (the replay repeats the
+        last simulated step from there)."""
         self._keys = 0
         self.kernels: Callable[[Any, tuple, Any], Iterable[int]] | None = None
         """The simulate method's model of CUDA kernels, called after each operator: returns the bytes the
@@ -182,6 +185,8 @@ class TensorLedger(TorchDispatchMode):
 
     def set_phase(self, phase: str) -> None:
         """Name the phase that the next allocations belong to (those of a `forward` phase count as activations)."""
+        if self.events is not None:
+            self.marks.setdefault(phase, len(self.events))
         self.phase = phase
         self.phase_peak = self.live
         self._cached_state = None

@@ -25,7 +25,7 @@ from ..setup import ESTIMATORS, TrainSetup
 from ..specs import ModelSpec
 from . import allocator, analytic, quantized, runtime, sharded, sharding, states, timing
 from .breakdown import ADVICE, Breakdown
-from .simulate import simulate_step
+from .simulate import STEPS, simulate_step
 
 METHODS = ESTIMATORS
 
@@ -239,7 +239,8 @@ def _simulate(spec: ModelSpec, setup: TrainSetup, precision: str, notes: list[st
     memory = dict(ledger.peak_split)  # cuBLAS workspaces included: the simulation allocates them
     memory["peak_allocated"] = ledger.peak
     phase = "optimizer step" if ledger.peak_phase.endswith("optimizer") else "forward/backward"
-    reserved = _replay(ledger.events or [], setup.cap_bytes(precision), notes)
+    reserved = _replay(ledger.events or [], ledger.marks.get(f"step{STEPS}.micro1.forward"),
+                       setup.cap_bytes(precision), notes)
     return memory, phase, {"simulated_peak": ledger.peak, "cublas_workspace": runtime.CUBLAS_HANDLES * card.cublas_workspace,
                            "replayed_reserved": reserved}, reserved
 
@@ -258,18 +259,26 @@ def _builder(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU) -> C
     return lambda ledger: quantized.qlora_model(base, lora_config(setup), compute, ledger, card.capacity)
 
 
-def _replay(events: list[tuple[int, int]], cap: int | None, notes: list[str]) -> int:
-    """Peak reserved bytes of the simulated step under the caching allocator's policy, under the cap
-    `--gpu`/`--memory-cap` sets (where a full allocator frees its cached segments and retries). A step
-    that runs out under the cap reports the cap plus the request that failed, so it does not fit."""
+def _replay(events: list[tuple[int, int]], steady: int | None, cap: int | None, notes: list[str]) -> int:
+    """Peak reserved bytes of the simulated steps under the caching allocator's policy, under the cap
+    `--gpu`/`--memory-cap` sets (where a full allocator frees its cached segments and retries), the last
+    step (from event `steady`) repeated until the allocator's layout settles. A step that runs out under
+    the cap reports the cap plus the request that failed, so it does not fit."""
     a = allocator.CachingAllocator(cap=cap)
     try:
         allocator.replay(events, allocator=a)
+        if steady is not None and allocator.repeat_until_settled(a, events[steady:], SETTLE_STEPS) is None:
+            notes.append(f"the allocator replay did not settle in {SETTLE_STEPS} more steps: later steps may "
+                         "reserve more than estimated")
     except allocator.AllocatorOOM as e:
         notes.append(f"the allocator replay runs out of memory under the {e.cap / 2**30:.2f} GiB cap "
                      f"(a {e.requested / 2**20:.0f} MiB request with {e.reserved / 2**30:.2f} GiB reserved)")
         return e.cap + e.requested
     return a.peak_reserved
+
+
+SETTLE_STEPS = 16
+"""Steps the allocator replay repeats at most, after the simulated ones, waiting for its layout to settle."""
 
 
 __all__ = ["estimate", "Breakdown", "METHODS", "ADVICE"]
