@@ -12,6 +12,7 @@
     python benchmarks/validate.py held-out-8 OUT_DIR [INDEX ...]  # HELD_OUT_8: 30 setups
     python benchmarks/validate.py held-out-9 OUT_DIR [INDEX ...]  # HELD_OUT_9: 8 setups
     python benchmarks/validate.py held-out-10 OUT_DIR [INDEX ...] # HELD_OUT_10: 30 setups
+    python benchmarks/validate.py held-out-11 OUT_DIR [INDEX ...] # HELD_OUT_11: 30 setups, chosen at change 11
     python benchmarks/validate.py sharded OUT_DIR [INDEX ...]     # SHARDED: FSDP2 ranks through the fake group
     python benchmarks/validate.py compare JSONL       # anywhere: the error table (docs/estimate-validation.md)
 
@@ -389,6 +390,40 @@ two on cards no pair used before: the RTX-4080 for an 8B model and the A6000), t
 whose step times judge the third refit. Run the first fourteen first (`held-out-10 $OUT 0 1 ... 13`)."""
 
 
+HELD_OUT_11: list[tuple[str, dict]] = [
+    # near capacity: sized at 19fd980 (change 11) with the simulate verdict; the cheaper pairs first
+    *_edge("gpt2", 256, precision="amp-fp16", batch_size=32, gpu="T4"),  # fits 97.6%
+    *_edge("qwen3", 256, precision="bf16", batch_size=8, optimizer="adamw-8bit", gpu="RTX-3060-12GB"),  # fits 92.6%
+    *_edge("gemma3", 448, precision="amp-bf16", batch_size=4, peft="lora", gpu="RTX-4080"),  # tight 99.8%
+    *_edge("llama3b", 2112, precision="amp-bf16", batch_size=2, peft="lora", checkpointing=True, gpu="L4",
+           **ALL),  # tight 98.9%
+    *_edge("olmo2", 1920, precision="bf16", batch_size=8, peft="qlora", checkpointing=True, gpu="RTX-4090",
+           **ALL),  # tight 99.1%
+    *_edge("phi2", 1536, precision="fp16", batch_size=8, peft="qlora", checkpointing=True, gpu="T4"),  # tight 98.5%
+    *_edge("qwen7b", 2944, precision="bf16", batch_size=2, peft="qlora", checkpointing=True, gpu="RTX-3090"),  # tight 99.9%
+    *_edge("llama8b", 2816, precision="bf16", batch_size=1, peft="qlora", checkpointing=True, gpu="A4000",
+           **ALL),  # fits 97.8%
+    # uncapped: memory and step time, sequences 512-8192, accumulation on two
+    ("mistral", dict(precision="bf16", batch_size=1, seq_len=4096, peft="lora", checkpointing=True, **ALL)),
+    ("llama8b", dict(precision="bf16", batch_size=2, seq_len=2048, peft="qlora", checkpointing=True)),
+    ("qwen7b", dict(precision="bf16", batch_size=1, seq_len=8192, peft="qlora", checkpointing=True, **ALL)),
+    ("gemma2", dict(precision="amp-bf16", batch_size=2, seq_len=2048, peft="lora", checkpointing=True)),
+    ("phi3", dict(precision="bf16", batch_size=4, seq_len=1024, peft="qlora", checkpointing=True, grad_accum=2, **ALL)),
+    ("olmo2", dict(precision="amp-bf16", batch_size=4, seq_len=2048, checkpointing=True, optimizer="adamw-8bit")),
+    ("stablelm", dict(precision="amp-fp16", batch_size=8, seq_len=1024, peft="lora")),
+    ("neox", dict(precision="bf16", batch_size=16, seq_len=512, peft="lora", checkpointing=True, grad_accum=2)),
+    ("gpt2", dict(precision="fp32", batch_size=8, seq_len=1024, attention="eager")),
+    ("qwen1.5b", dict(precision="bf16", batch_size=8, seq_len=2048, checkpointing=True, optimizer="paged-adamw-8bit")),
+    ("llama3b", dict(precision="bf16", batch_size=4, seq_len=4096, peft="qlora", checkpointing=True, **ALL)),
+    ("qwen3", dict(precision="amp-fp16", batch_size=8, seq_len=2048, peft="lora", **ALL)),
+    ("gemma3", dict(precision="bf16", batch_size=2, seq_len=8192, checkpointing=True)),
+    ("phi2", dict(precision="bf16", batch_size=8, seq_len=1024, peft="lora", **ALL)),
+]
+"""The eleventh held-out set, to judge change 11 (the steady step repeated until the allocator settles):
+chosen and sized at 19fd980 before any of it ran. Eight near-capacity pairs (four QLoRA, three amp, one
+8-bit AdamW; cards and models no pair combined before), then fourteen uncapped setups whose step times
+judge the third refit. Run the pairs first (`held-out-11 $OUT 0 1 ... 15`)."""
+
 SHARDED: list[tuple[str, dict]] = [
     ("llama", dict(precision="amp-bf16", batch_size=2, seq_len=1024, gpus=2)),
     ("llama", dict(precision="amp-bf16", batch_size=2, seq_len=1024, gpus=8, checkpointing=True)),
@@ -472,20 +507,11 @@ if __name__ == "__main__":
     if cmd == "sharded":
         sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], [(a, dict(kw, shard="fsdp", device="cuda"))
                                                                  for a, kw in SHARDED], "validation-sharded.jsonl"))
-    if cmd == "held-out-4":
-        sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], HELD_OUT_4, "validation-held-out-4.jsonl", steps=6))
-    if cmd == "held-out-5":
-        sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], HELD_OUT_5, "validation-held-out-5.jsonl", steps=6))
-    if cmd == "held-out-6":
-        sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], HELD_OUT_6, "validation-held-out-6.jsonl", steps=6))
-    if cmd == "held-out-10":
-        sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], HELD_OUT_10, "validation-held-out-10.jsonl", steps=6))
-    if cmd == "held-out-9":
-        sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], HELD_OUT_9, "validation-held-out-9.jsonl", steps=6))
-    if cmd == "held-out-7":
-        sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], HELD_OUT_7, "validation-held-out-7.jsonl", steps=6))
-    if cmd == "held-out-8":
-        sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], HELD_OUT_8, "validation-held-out-8.jsonl", steps=6))
+    six_steps = {"held-out-4": HELD_OUT_4, "held-out-5": HELD_OUT_5, "held-out-6": HELD_OUT_6,
+                 "held-out-7": HELD_OUT_7, "held-out-8": HELD_OUT_8, "held-out-9": HELD_OUT_9,
+                 "held-out-10": HELD_OUT_10, "held-out-11": HELD_OUT_11}  # six steps per setup from held-out 4 on
+    if cmd in six_steps:
+        sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], six_steps[cmd], f"validation-{cmd}.jsonl", steps=6))
     from compare_estimates import compare  # noqa: E402
 
     sys.exit(compare(arg))
