@@ -100,6 +100,16 @@ def _random_model(spec: ModelSpec, dtype: torch.dtype, attention: str, device: s
         return AutoModelForCausalLM.from_config(spec.hf_config(), dtype=dtype, attn_implementation=attention)
 
 
+def init_device(spec: ModelSpec, dtype: torch.dtype, cap: int | None, free: int) -> str:
+    """Where a QLoRA preset's random 16-bit weights are made before the 4-bit load: the GPU (fast) where
+    they fit with a tenth to spare under the cap (`--gpu`, `--memory-cap`) and the free memory, else the
+    CPU. A user's checkpoint never takes this detour: llama-3.1-8b (16 GB in bf16) under the A4000's cap
+    ran out of memory here, before its 4-bit load (held-out 11, H200 2026-12-04)."""
+    need = spec.parameter_count * torch.empty((), dtype=dtype).element_size()
+    room = min(free, cap) if cap is not None else free
+    return "cuda" if need <= 0.9 * room else "cpu"
+
+
 def build_model(spec: ModelSpec, setup: TrainSetup, device: str, precision: str) -> torch.nn.Module:
     """The model, on `device`, in training mode, with checkpointing and adapters as the setup says."""
     from transformers import AutoModelForCausalLM
@@ -123,7 +133,8 @@ def build_model(spec: ModelSpec, setup: TrainSetup, device: str, precision: str)
             with tempfile.TemporaryDirectory(prefix="trainmem-qlora-") as tmp:
                 # Random init is fast on the GPU; the unquantized copy is freed and forgotten by the
                 # allocator's statistics before the real (quantizing) load starts.
-                _random_model(spec, dtype, setup.attention, "cuda").save_pretrained(tmp)
+                where = init_device(spec, dtype, setup.cap_bytes(precision), torch.cuda.mem_get_info()[0])
+                _random_model(spec, dtype, setup.attention, where).save_pretrained(tmp)
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
                 model = AutoModelForCausalLM.from_pretrained(tmp, **kwargs)
