@@ -46,6 +46,7 @@ VALIDATION = {  # file -> which set it is (docs/estimate-validation.md, "Held-ou
     "validation-held-out-8-h200-2026-12-04.jsonl": "held-out 8",
     "validation-held-out-9-h200-2026-12-04.jsonl": "held-out 9",
     "validation-held-out-10-h200-2026-12-04.jsonl": "held-out 10",
+    "validation-held-out-11-h200-2026-12-04.jsonl": "held-out 11",
 }
 REPORTS = {"report-sweep-t4": ("sweep-chapter-t4-h200-2026-12-02.jsonl", "T4"),
            "report-chapter": ("chapter-measured-and-estimated-2026-12-02.jsonl", "T4")}
