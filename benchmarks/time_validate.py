@@ -12,7 +12,7 @@ other file), and prints per row the predicted and measured step time with the er
 absolute error, and the Spearman rank correlation of predicted vs measured within each model. Measured is
 `throughput.step_time_median_s` where a row has it (runs made after it existed), else `step_time_s`.
 Rows measured under `--gpu CARD` or `--memory-cap` ran on the H200 (capped memory, same speed): they are
-predicted for the H200. Rows of `--engine trainer` (Trainer's own loop, gradient clipping) are left out.
+predicted at the H200's speed, with the SDPA kernel the emulated card has (no flash on a T4 or V100). Rows of `--engine trainer` (Trainer's own loop, gradient clipping) are left out.
 
 `measure` runs TIME_SET with `trainmem run` in a fresh process each (validate.py's `isolated`), with
 `STEPS` steps so that the median of at least four steady steps is timed (steps 1-2 are probed).
@@ -120,17 +120,21 @@ def rows(paths: list[str]) -> list[tuple[str, dict[str, Any]]]:
 def _work(model: str, setup_json: str) -> Any:
     import trainmem
     from trainmem.estimator import states, timing
-    from trainmem.gpus import CATALOG
+    from trainmem.gpus import CATALOG, find_gpu
 
     spec = trainmem.ModelSpec.resolve(model)
-    setup = trainmem.TrainSetup.from_dict(json.loads(setup_json)).replace(gpu=None, memory_cap=None)
+    setup = trainmem.TrainSetup.from_dict(json.loads(setup_json))
+    # under `--gpu CARD` the run had the emulated card's SDPA kernels (emulation.kernels: no flash on a T4
+    # or V100) at the H200's speed: the workload takes the kernel from that card, `predict` the H200's speed
+    kernels = find_gpu(setup.gpu) if setup.gpu else CATALOG["H200"]
+    setup = setup.replace(gpu=None, memory_cap=None)
     precision = setup.resolved_precision(spec, "cuda")
-    return timing.workload(states.inventory(spec, setup, precision), setup, precision, CATALOG["H200"])
+    return timing.workload(states.inventory(spec, setup, precision), setup, precision, kernels)
 
 
 def predict(row: dict[str, Any]) -> float:
     """Predicted seconds per step of a measured row's setup on the H200, where it ran (under `--gpu CARD`
-    too: a cap changes the memory, not the speed; the kernels are the H200's either way for the time)."""
+    too: a cap changes the memory, not the speed; the attention kernel is the emulated card's, `_work`)."""
     from trainmem.estimator import timing
     from trainmem.gpus import CATALOG
 
