@@ -4,7 +4,8 @@
 
 For each trace of `allocator_trace.py` (validate.py's held-out rows sN, tN, uN), two replays through
 `trainmem.estimator.allocator` under the row's cap: the real alloc/free sequence (with `empty_cache` where the
-driver got segments back), and the simulate method's own ledger for the same setup. Each ends at its first
+driver got segments back), and the simulate method's own ledger for the same setup, replayed as the estimate
+does (its last step repeated until the allocator settles). Each ends at its first
 out-of-memory request or runs to the end; printed side by side with the measured outcome, they show whether a
 wrong verdict comes from the simulated sequence or from the allocator replay. Only a trace recorded first in its
 process starts, as the simulation does, from an empty allocator.
@@ -15,14 +16,14 @@ from __future__ import annotations
 import gzip
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Sequence
 
 from validate import HELD_OUT_6, HELD_OUT_7, HELD_OUT_8, MODELS
 
 import trainmem
 from trainmem.estimator import _builder
-from trainmem.estimator.allocator import AllocatorOOM, CachingAllocator, replay, trace_events
-from trainmem.estimator.simulate import simulate_step
+from trainmem.estimator.allocator import AllocatorOOM, CachingAllocator, replay_steps, trace_events
+from trainmem.estimator.simulate import simulate_step, steady_start
 from trainmem.gpus import find_gpu
 
 GiB = 2**30
@@ -37,20 +38,21 @@ def _outcome(a: CachingAllocator, failed: int | None) -> str:
 
 
 def real(trace: dict, cap: int) -> str:
-    return _replayed(trace_events(trace["events"]), cap)
+    return _replayed(list(trace_events(trace["events"])), None, cap)
 
 
 def simulated(spec: trainmem.ModelSpec, setup: trainmem.TrainSetup, precision: str, cap: int) -> str:
     card = find_gpu(setup.gpu)
     ledger, _ = simulate_step(_builder(spec, setup, precision, card), setup, precision,
                               workspace=card.cublas_workspace, flash=card.flash)
-    return _replayed(ledger.events, cap)
+    return _replayed(ledger.events, steady_start(ledger), cap)
 
 
-def _replayed(events: Iterable[tuple[object, int]], cap: int) -> str:
+def _replayed(events: Sequence[tuple[object, int]], steady: int | None, cap: int) -> str:
+    """Replayed as the estimate replays (`replay_steps`): a simulation's last step repeated until settled."""
     a = CachingAllocator(cap=cap)
     try:
-        replay(events, allocator=a)
+        replay_steps(events, steady, a)
     except AllocatorOOM as e:
         return _outcome(a, e.requested)
     return _outcome(a, None)

@@ -25,7 +25,7 @@ from ..setup import ESTIMATORS, TrainSetup
 from ..specs import ModelSpec
 from . import allocator, analytic, quantized, runtime, sharded, sharding, states, timing
 from .breakdown import ADVICE, Breakdown
-from .simulate import STEPS, simulate_step
+from .simulate import simulate_step, steady_start
 
 METHODS = ESTIMATORS
 
@@ -239,8 +239,7 @@ def _simulate(spec: ModelSpec, setup: TrainSetup, precision: str, notes: list[st
     memory = dict(ledger.peak_split)  # cuBLAS workspaces included: the simulation allocates them
     memory["peak_allocated"] = ledger.peak
     phase = "optimizer step" if ledger.peak_phase.endswith("optimizer") else "forward/backward"
-    reserved = _replay(ledger.events or [], ledger.marks.get(f"step{STEPS}.micro1.forward"),
-                       setup.cap_bytes(precision), notes)
+    reserved = _replay(ledger.events or [], steady_start(ledger), setup.cap_bytes(precision), notes)
     return memory, phase, {"simulated_peak": ledger.peak, "cublas_workspace": runtime.CUBLAS_HANDLES * card.cublas_workspace,
                            "replayed_reserved": reserved}, reserved
 
@@ -266,19 +265,14 @@ def _replay(events: list[tuple[int, int]], steady: int | None, cap: int | None, 
     the cap reports the cap plus the request that failed, so it does not fit."""
     a = allocator.CachingAllocator(cap=cap)
     try:
-        allocator.replay(events, allocator=a)
-        if steady is not None and allocator.repeat_until_settled(a, events[steady:], SETTLE_STEPS) is None:
-            notes.append(f"the allocator replay did not settle in {SETTLE_STEPS} more steps: later steps may "
-                         "reserve more than estimated")
+        if not allocator.replay_steps(events, steady, a):
+            notes.append(f"the allocator replay did not settle in {allocator.SETTLE_STEPS} more steps: later steps "
+                         "may reserve more than estimated")
     except allocator.AllocatorOOM as e:
         notes.append(f"the allocator replay runs out of memory under the {e.cap / 2**30:.2f} GiB cap "
                      f"(a {e.requested / 2**20:.0f} MiB request with {e.reserved / 2**30:.2f} GiB reserved)")
         return e.cap + e.requested
     return a.peak_reserved
-
-
-SETTLE_STEPS = 16
-"""Steps the allocator replay repeats at most, after the simulated ones, waiting for its layout to settle."""
 
 
 __all__ = ["estimate", "Breakdown", "METHODS", "ADVICE"]

@@ -202,6 +202,18 @@ def replay(events: Iterable[tuple[object, int]], cap: int | None = None,
     return a
 
 
+SETTLE_STEPS = 16
+"""Steps a replay repeats at most, after the simulated ones, waiting for the allocator's layout to settle."""
+
+
+def replay_steps(events: Sequence[tuple[object, int]], steady: int | None, allocator: CachingAllocator) -> bool:
+    """`replay` a simulation's steps into `allocator`, then its last step (from event `steady`, see
+    `simulate.steady_start`) again until the layout settles (`repeat_until_settled`). False where it did
+    not settle within `SETTLE_STEPS` or the step cannot be repeated. Raises AllocatorOOM as `replay` does."""
+    replay(events, allocator=allocator)
+    return steady is None or repeat_until_settled(allocator, events[steady:], SETTLE_STEPS) is not None
+
+
 def repeat_until_settled(a: CachingAllocator, step: Sequence[tuple[object, int]], limit: int) -> int | None:
     """Replay one steady optimizer step's events again, each repetition under its own keys, until the
     allocator ends a step in a layout it ended an earlier one in: from there the sequence repeats steps
@@ -245,4 +257,5 @@ def trace_events(trace: Sequence[Sequence[Any]]) -> Iterator[tuple[object, int]]
             return
 
 
-__all__ = ["CachingAllocator", "AllocatorOOM", "replay", "repeat_until_settled", "trace_events", "round_size", "segment_size"]
+__all__ = ["CachingAllocator", "AllocatorOOM", "SETTLE_STEPS", "replay", "replay_steps", "repeat_until_settled",
+           "trace_events", "round_size", "segment_size"]

@@ -171,6 +171,12 @@ enough: held-out 5's Qwen3 amp-fp16 row on a T4 ran out of memory in its third s
 which a replay of two steps cannot show."""
 
 
+def steady_start(ledger: TensorLedger) -> int | None:
+    """Where in a recording ledger's events the last simulated step begins: the steady step the allocator
+    replay repeats (`allocator.replay_steps`)."""
+    return ledger.marks.get(f"step{STEPS}.micro1.forward")
+
+
 def simulate_step(build: Callable[[TensorLedger], Any], setup: TrainSetup,
                   precision: str | None = None,
                   workspace: int = runtime.CUBLAS_WORKSPACE // runtime.CUBLAS_HANDLES,
