@@ -40,7 +40,11 @@ FIT_FILES = [os.path.join(HERE, "..", "docs", "data", f) for f in (
     # reported at f706eda's model before any change (docs/time-model.md, held-out 3): in-sample from here on
     "validation-held-out-5-h200-2026-12-04.jsonl", "validation-held-out-6-h200-2026-12-04.jsonl",
     # reported at f706eda's constants before any change (docs/time-model.md, held-out 4 and 5): in-sample from here on
-    "validation-held-out-7-h200-2026-12-04.jsonl", "validation-held-out-8-h200-2026-12-04.jsonl")]
+    "validation-held-out-7-h200-2026-12-04.jsonl", "validation-held-out-8-h200-2026-12-04.jsonl",
+    # reported at the third refit's constants before any change (docs/time-model.md, held-out 6 and 7), and
+    # the chapter's emulated-T4 sweeps (docs/cards.md): in-sample from the fourth change on
+    "validation-held-out-9-h200-2026-12-04.jsonl", "validation-held-out-10-h200-2026-12-04.jsonl",
+    "sweep-chapter-t4-emulated-h200-2026-12-03.jsonl", "sweep-chapter-t4-emulated-h200-2026-12-04.jsonl")]
 """The calibration data: the H200 measurement files committed before the time model existed (every one of
 their rows with a step time, see `rows`), and since the 2026-12-04 change the step-time model's two former
 held-out sets: `validation-held-out-4-h200-2026-12-03.jsonl` (memory's held-out 4, measured 2026-12-03, the
@@ -51,8 +55,10 @@ now: the next held-out set judges the change. Memory's held-out 5 and 6
 2026-12-04) were reported at f706eda's time model (held-out 3 in docs/time-model.md) and joined the fit
 after that, with the second change. Memory's held-out 7 and 8 (`validation-held-out-7-h200-2026-12-04.jsonl`,
 `validation-held-out-8-h200-2026-12-04.jsonl`, measured 2026-12-04) were reported at f706eda's constants (held-out
-4 and 5 in docs/time-model.md) and joined the fit after that, with the third refit. Named, not globbed, so that a
-new held-out file stays held out when it is committed next to them."""
+4 and 5 in docs/time-model.md) and joined the fit after that, with the third refit; held-out 9 and 10 (held-out 6
+and 7 there) with the fourth change, with the chapter's two emulated-T4 sweeps. Named, not globbed, so that a
+new held-out file stays held out when it is committed next to them. Since the fourth change only their rows
+timed over several steps (`step_time_median_s`) are fitted (`timed`)."""
 
 STEPS = 8
 """Steps per held-out run: 2 probed, then 6 timed (median of >= 4 steady steps)."""
@@ -99,6 +105,13 @@ def measured_s(row: dict[str, Any]) -> float | None:
     return tp.get("step_time_median_s") or tp.get("step_time_s")
 
 
+def timed(found: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    """The rows timed as the median of several steady steps: the fit's rows. The first files time one step
+    each, whose noise (`noise`: the same setup measured twice differs by a median 20%, up to 126%) the
+    fit would otherwise chase; `compare` still reports them."""
+    return [(p, r) for p, r in found if (r.get("throughput") or {}).get("step_time_median_s")]
+
+
 def rows(paths: list[str]) -> list[tuple[str, dict[str, Any]]]:
     """(file, row) of every H200 measurement with a step time, each measurement once (the chapter's
     rows are in two files)."""
@@ -129,7 +142,7 @@ def _work(model: str, setup_json: str) -> Any:
     kernels = find_gpu(setup.gpu) if setup.gpu else CATALOG["H200"]
     setup = setup.replace(gpu=None, memory_cap=None)
     precision = setup.resolved_precision(spec, "cuda")
-    return timing.workload(states.inventory(spec, setup, precision), setup, precision, kernels)
+    return timing.workload(spec, states.inventory(spec, setup, precision), setup, precision, kernels)
 
 
 def predict(row: dict[str, Any]) -> float:
@@ -235,9 +248,9 @@ def _fit_rows(data: list[dict[str, Any]], start: dict[str, float] | None = None,
 
 
 def fit(paths: list[str] = FIT_FILES) -> dict[str, float]:
-    """Refit `timing.FITTED` on the rows of `paths`: least squares on log(predicted / measured), Nelder-Mead
+    """Refit `timing.FITTED` on the `timed` rows of `paths`: least squares on log(predicted / measured), Nelder-Mead
     in log space from the committed values. Prints the constants to paste into timing.py."""
-    return _fit_rows([r for _, r in rows(paths)])[0]
+    return _fit_rows([r for _, r in timed(rows(paths))])[0]
 
 
 def cv(paths: list[str] = FIT_FILES) -> int:
@@ -248,7 +261,7 @@ def cv(paths: list[str] = FIT_FILES) -> int:
     looking at every row."""
     from trainmem.estimator import timing
 
-    data = rows(paths)
+    data = timed(rows(paths))
     committed = {n: getattr(timing, n) for n in timing.FITTED}
     try:
         for name, key in (("leave-one-file-out", lambda fr: os.path.basename(fr[0])),

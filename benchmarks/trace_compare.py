@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from validate import HELD_OUT_6, HELD_OUT_7, HELD_OUT_8, MODELS
 
 import trainmem
-from trainmem.estimator import _builder
+from trainmem.estimator.simulate import model_builder
 from trainmem.estimator.allocator import AllocatorOOM, CachingAllocator, replay_steps, trace_events
 from trainmem.estimator.simulate import simulate_step, steady_start
 from trainmem.gpus import find_gpu
@@ -43,7 +43,7 @@ def real(trace: dict, cap: int) -> str:
 
 def simulated(spec: trainmem.ModelSpec, setup: trainmem.TrainSetup, precision: str, cap: int) -> str:
     card = find_gpu(setup.gpu)
-    ledger, _ = simulate_step(_builder(spec, setup, precision, card), setup, precision,
+    ledger, _ = simulate_step(model_builder(spec, setup, precision, card), setup, precision,
                               workspace=card.cublas_workspace, flash=card.flash)
     return _replayed(ledger.events, steady_start(ledger), cap)
 

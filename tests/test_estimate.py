@@ -88,20 +88,21 @@ def test_simulated_bitsandbytes_states_equal_the_closed_form_rules(kw):
     b = estimate(spec, setup, "simulate")
     assert b.method == "simulate"
     inv = states.inventory(spec, setup, "bf16")
-    from trainmem.estimator import _builder
+    from trainmem.estimator.simulate import model_builder
 
-    ledger, final = simulate_step(_builder(spec, setup, "bf16", CATALOG["H200"]), setup)
+    ledger, final = simulate_step(model_builder(spec, setup, "bf16", CATALOG["H200"]), setup)
     assert (final.weights, final.optimizer) == (states.weights(inv), states.optimizer(inv, setup.optimizer))
 
 
 def test_simulation_records_the_build_and_cublas_workspaces_as_a_gpu_run_does():
-    from trainmem.estimator import _builder, runtime
+    from trainmem.estimator import runtime
+    from trainmem.estimator.simulate import model_builder
     from trainmem.estimator.simulate import simulate_step
     from trainmem.measure import EMPTY_CACHE
 
     spec = ModelSpec.resolve("tiny-qwen2")  # tied output head: allocated, then freed when tied
     setup = TrainSetup(precision="bf16", batch_size=2, seq_len=32)
-    ledger, _ = simulate_step(_builder(spec, setup, "bf16", CATALOG["H200"]), setup)
+    ledger, _ = simulate_step(model_builder(spec, setup, "bf16", CATALOG["H200"]), setup)
     sizes = {k: n for k, n in ledger.events if n >= 0}
     head = spec.config["vocab_size"] * spec.config["hidden_size"] * 2
     workspace = runtime.CUBLAS_WORKSPACE // runtime.CUBLAS_HANDLES
@@ -109,7 +110,7 @@ def test_simulation_records_the_build_and_cublas_workspaces_as_a_gpu_run_does():
     frees = [i for i, (k, n) in enumerate(ledger.events) if n == -1 and sizes[k] == head]
     assert len(holds) == runtime.CUBLAS_HANDLES  # one per handle, at its first matrix product
     assert frees and frees[0] < holds[0]  # the untied head goes during the build, before any product
-    qlora = simulate_step(_builder(spec, setup.replace(peft="qlora"), "bf16", CATALOG["H200"]),
+    qlora = simulate_step(model_builder(spec, setup.replace(peft="qlora"), "bf16", CATALOG["H200"]),
                           setup.replace(peft="qlora"))[0]
     assert (EMPTY_CACHE, 0) in qlora.events  # peft empties the cache after its fp32 casts
     base = states.meta_model(spec, setup, "bf16")
@@ -123,13 +124,13 @@ def test_the_4bit_load_goes_in_the_checkpoints_sorted_key_order():
     """safetensors sorts a checkpoint's keys and transformers loads in that order (H200 traces of held-out 6):
     GPT-NeoX's `attention.dense` (h x h) comes before `attention.query_key_value` (3h x h), the reverse of the
     module order; each quantized weight is first copied to the device in 16 bits."""
-    from trainmem.estimator import _builder
+    from trainmem.estimator.simulate import model_builder
     from trainmem.estimator.simulate import simulate_step
 
     spec = ModelSpec.resolve("tiny-gpt-neox")
     setup = TrainSetup(precision="bf16", batch_size=1, seq_len=8, peft="qlora")
     h = spec.config["hidden_size"]
-    ledger, _ = simulate_step(_builder(spec, setup, "bf16", CATALOG["H200"]), setup)
+    ledger, _ = simulate_step(model_builder(spec, setup, "bf16", CATALOG["H200"]), setup)
     copies = [n for _, n in ledger.events if n in (2 * h * h, 2 * 3 * h * h)]
     assert copies[:2] == [2 * h * h, 2 * 3 * h * h]
 
@@ -138,18 +139,18 @@ def test_the_math_attention_paths_safe_softmax_allocates_its_mask_inside():
     """fp32 with grouped KV heads runs SDPA's math path, whose `_safe_softmax` is one operator to the ledger
     but allocates, after its probabilities, a boolean (b, h, s, s) test and its (b, h, s) row reduction,
     freed before it returns (H200 trace of held-out 8's llama-3.2-3b QLoRA row; tests/gpu checks CUDA)."""
-    from trainmem.estimator import _builder
+    from trainmem.estimator.simulate import model_builder
     from trainmem.estimator.simulate import simulate_step
 
     spec = ModelSpec.resolve("tiny-llama")  # 4 heads over 2 KV heads
     setup = TrainSetup(precision="fp32", batch_size=2, seq_len=16, steps=1).resolved(spec)
-    ledger, _ = simulate_step(_builder(spec, setup, "fp32", CATALOG["H200"]), setup)
+    ledger, _ = simulate_step(model_builder(spec, setup, "fp32", CATALOG["H200"]), setup)
     probs, mask, rows = 4 * 2 * 4 * 16 * 16, 2 * 4 * 16 * 16, 2 * 4 * 16
     sizes = [n for _, n in ledger.events]
     # the probabilities, then the mask and the rows, each freed at once
     assert any(sizes[i:i + 5] == [probs, mask, -1, rows, -1] for i in range(len(sizes)))
     bf16 = TrainSetup(precision="bf16", batch_size=2, seq_len=16, steps=1).resolved(spec)  # flash: no mask
-    ledger, _ = simulate_step(_builder(spec, bf16, "bf16", CATALOG["H200"]), bf16)
+    ledger, _ = simulate_step(model_builder(spec, bf16, "bf16", CATALOG["H200"]), bf16)
     sizes = [n for _, n in ledger.events]
     assert not any(sizes[i:i + 4] == [mask, -1, rows, -1] for i in range(len(sizes)))
 

@@ -25,7 +25,7 @@ from ..setup import ESTIMATORS, TrainSetup
 from ..specs import ModelSpec
 from . import allocator, analytic, quantized, runtime, sharded, sharding, states, timing
 from .breakdown import ADVICE, Breakdown
-from .simulate import simulate_step, steady_start
+from .simulate import model_builder, simulate_step, steady_start
 
 METHODS = ESTIMATORS
 
@@ -106,7 +106,7 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
     if setup.gpus > 1 or setup.shard != "none":  # the states one GPU holds, as a measured rank reports them
         rank = _rank_states(inv, setup, precision, model_states)
         model_states = {"weights": rank.weights, "gradients": rank.gradients, "optimizer": rank.optimizer}
-    time = _time(inv, setup, precision, runtime_card, notes)
+    time = _time(spec, inv, setup, precision, runtime_card, notes)
     installed = runtime.versions()
     if runtime.version_note(installed):
         notes.append(runtime.version_note(installed))
@@ -115,11 +115,11 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
                      terms, tuple(notes), env, time)
 
 
-def _time(inv: states.Inventory, setup: TrainSetup, precision: str, card: GPU,
+def _time(spec: ModelSpec, inv: states.Inventory, setup: TrainSetup, precision: str, card: GPU,
           notes: list[str]) -> dict[str, Any] | None:
     """The predicted step time on `card` (`timing.py`), saying where it is derived rather than measured."""
     try:
-        step = timing.step_time(timing.workload(inv, setup, precision, card), card)
+        step = timing.step_time(timing.workload(spec, inv, setup, precision, card), card)
     except ValueError as e:  # no decoder-layer list to count
         notes.append(f"no step time: {e}")
         return None
@@ -234,7 +234,7 @@ def _simulate(spec: ModelSpec, setup: TrainSetup, precision: str, notes: list[st
         notes.append(f"simulated: rank 0 of {setup.gpus}, FSDP2 under PyTorch's fake process group on fake CPU "
                      "tensors; not modelled: NCCL's buffers, overlap of communication with compute")
     else:
-        ledger, _ = simulate_step(_builder(spec, setup, precision, card), setup, precision,
+        ledger, _ = simulate_step(model_builder(spec, setup, precision, card), setup, precision,
                                   workspace=card.cublas_workspace, flash=card.flash)
     memory = dict(ledger.peak_split)  # cuBLAS workspaces included: the simulation allocates them
     memory["peak_allocated"] = ledger.peak
@@ -242,20 +242,6 @@ def _simulate(spec: ModelSpec, setup: TrainSetup, precision: str, notes: list[st
     reserved = _replay(ledger.events or [], steady_start(ledger), setup.cap_bytes(precision), notes)
     return memory, phase, {"simulated_peak": ledger.peak, "cublas_workspace": runtime.CUBLAS_HANDLES * card.cublas_workspace,
                            "replayed_reserved": reserved}, reserved
-
-
-def _builder(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU) -> Callable[[TensorLedger], Any]:
-    """How simulate builds the model, recorded as `trainmem run` builds it on the GPU: constructed on the
-    device; under QLoRA constructed, saved and freed unrecorded (`build.build_model` empties the cache and
-    resets the peaks after it), then loaded 4-bit, cast by peft, cache emptied, adapters added."""
-    if setup.peft != "qlora":
-        return lambda ledger: states.meta_model(spec, setup, precision)
-    from ..build import AUTOCAST_DTYPES, WEIGHT_DTYPES, lora_config
-
-    base = states.meta_model(spec, setup.replace(peft="none"), precision)  # built before recording starts
-    dtype = WEIGHT_DTYPES[precision]
-    compute = dtype if dtype != torch.float32 else AUTOCAST_DTYPES.get(precision, torch.float32)
-    return lambda ledger: quantized.qlora_model(base, lora_config(setup), compute, ledger, card.capacity)
 
 
 def _replay(events: list[tuple[int, int]], steady: int | None, cap: int | None, notes: list[str]) -> int:

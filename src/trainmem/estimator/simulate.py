@@ -27,9 +27,11 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ..accumulation import micro_batch_loss
+from ..gpus import GPU
 from ..measure import StateBytes, TensorLedger, state_bytes
 from ..setup import TrainSetup
-from . import autocast, quantized, runtime
+from ..specs import ModelSpec
+from . import autocast, quantized, runtime, states
 
 
 class _FlashSDPA(torch.autograd.Function):
@@ -171,6 +173,31 @@ enough: held-out 5's Qwen3 amp-fp16 row on a T4 ran out of memory in its third s
 which a replay of two steps cannot show."""
 
 
+def model_builder(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU) -> Callable[[TensorLedger], Any]:
+    """How simulate builds the model, recorded as `trainmem run` builds it on the GPU: constructed on the
+    device; under QLoRA constructed, saved and freed unrecorded (`build.build_model` empties the cache and
+    resets the peaks after it), then loaded 4-bit, cast by peft, cache emptied, adapters added."""
+    if setup.peft != "qlora":
+        return lambda ledger: states.meta_model(spec, setup, precision)
+    from ..build import AUTOCAST_DTYPES, WEIGHT_DTYPES, lora_config
+
+    base = states.meta_model(spec, setup.replace(peft="none"), precision)  # built before recording starts
+    dtype = WEIGHT_DTYPES[precision]
+    compute = dtype if dtype != torch.float32 else AUTOCAST_DTYPES.get(precision, torch.float32)
+    return lambda ledger: quantized.qlora_model(base, lora_config(setup), compute, ledger, card.capacity)
+
+
+def train_mode(model: Any, setup: TrainSetup, amp: torch.dtype | None) -> None:
+    """Training mode as `trainmem run` sets it: checkpointing non-reentrant where asked (its recompute under
+    the forward's autocast), dropout on."""
+    if setup.checkpointing:
+        kwargs: dict[str, Any] = {"use_reentrant": False}
+        if amp is not None:
+            kwargs["context_fn"] = autocast.recompute_context(amp)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.train()
+
+
 def steady_start(ledger: TensorLedger) -> int | None:
     """Where in a recording ledger's events the last simulated step begins: the steady step the allocator
     replay repeats (`allocator.replay_steps`)."""
@@ -215,12 +242,7 @@ def _steps(build: Callable[[TensorLedger], Any], setup: TrainSetup, amp: Any, le
     with ledger:
         held["model"] = model = build(ledger)
     ledger.adopt(list(model.parameters()) + list(model.buffers()))  # any the build did not create itself
-    if setup.checkpointing:
-        kwargs: dict[str, Any] = {"use_reentrant": False}
-        if amp is not None:
-            kwargs["context_fn"] = autocast.recompute_context(amp)
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    model.train()
+    train_mode(model, setup, amp)
     params = [p for p in model.parameters() if p.requires_grad]
     if setup.optimizer in ("adamw", "adamw-fused"):
         # foreach is the CUDA default for AdamW; the fused kernel has no meta implementation and, like a

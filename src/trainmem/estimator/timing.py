@@ -6,16 +6,16 @@ kernels asynchronously and the card runs them as they come (the loop syncs once 
 counts the batch's tokens, so micro-steps do not overlap each other); the optimizer step the larger of two:
 
 - the card's time: matmul FLOPs over the card's peak dense throughput for the matmul dtype times
-  `EFF_MATMUL`, plus the bytes that memory-bound kernels move over its bandwidth times `EFF_BANDWIDTH`
-  (optimizer updates, autocast's weight casts, 4-bit dequantization, elementwise activations, the loss's
-  logits traffic counted per logit (`LOGITS_BYTES`: tokens x vocabulary), LoRA adapters' dropout, scaling
-  and add per adapted feature (`LORA_BYTES`), 4-bit Linears' input and output casts (`QLORA_CAST_BYTES`));
-  bitsandbytes' 8-bit AdamW's bytes at its own, much lower, achieved bandwidth `EFF_8BIT`;
-- the host's time: launching the modules' kernels, `HOST_PER_OP` seconds per module call per layer
-  and pass (LoRA adds its adapter modules and peft's scaling and add, autocast `AUTOCAST_OPS` per Linear,
-  QLoRA `QLORA_OPS` per 4-bit Linear for bitsandbytes' Python-level dequantize-and-matmul), the module
-  calls outside the layers and the loss's (`LOSS_OPS`) once per micro-step and direction, and per-tensor
-  optimizers' Python loop, `HOST_PER_TENSOR` per trainable tensor.
+  `EFF_MATMUL` (or, where a micro-step has so few tokens that reading the weights takes longer, the weights'
+  bytes: a roofline), plus the bytes that memory-bound kernels move over its bandwidth times `EFF_BANDWIDTH`:
+  the bytes every non-matmul kernel of the step reads and writes, counted on the meta device
+  (`kernels.count`: norms, activations, the loss, LoRA's dropout and scaling, autocast's and 4-bit Linears'
+  casts, the math attention path's softmax), 4-bit dequantization, gradient accumulation and the optimizer
+  update; bitsandbytes' 8-bit AdamW's bytes at its own, much lower, achieved bandwidth `EFF_8BIT`;
+- the host's time: `HOST_PER_KERNEL` per kernel the step launches (counted on the same trace: forward,
+  recompute, backward; autocast's casts are made in C++ and cost none), `QLORA_OPS` launches' worth per 4-bit
+  Linear call for bitsandbytes' Python-level dequantize-and-matmul, and per-tensor optimizers' Python loop,
+  `HOST_PER_TENSOR` per trainable tensor.
 
 FLOPs per token (Kaplan et al. 2020; Narayanan et al. 2021, eq. 3): forward 2 per matmul weight + the
 attention scores and values' 4 s x width per layer (half of it under the causal fused kernel); backward
@@ -24,8 +24,8 @@ gradient only: LoRA's and QLoRA's base); checkpointing adds one more forward of 
 Offload (ZeRO/FSDP) adds its PCIe transfers; communication between GPUs is not modelled.
 
 The constants are fitted to the H200 step times committed in docs/data (`benchmarks/time_validate.py fit`
-on its `FIT_FILES`: since the third refit, on f706eda's structure, every former held-out set included, 273 rows,
-so the next held-out set judges these constants);
+on its `FIT_FILES`' rows timed over several steps: since the fourth change, every former held-out set
+included, so the next held-out set judges these constants);
 every other card's time is derived from its catalog figures (`gpus.SPEEDS`), which the result says.
 """
 
@@ -38,33 +38,35 @@ import torch
 
 from ..gpus import GPU, Speed, speed_of
 from ..setup import TrainSetup
+from ..specs import ModelSpec
+from . import kernels
 from .states import Inventory
 
 # --- fitted on the H200 (benchmarks/time_validate.py fit; docs/time-model.md) ------------------------------
-EFF_MATMUL = 0.6177
+EFF_MATMUL = 0.6826
 """Achieved fraction of the card's peak dense half-precision (tensor-core) matmul throughput."""
-EFF_FP32 = 0.8685
+EFF_FP32 = 0.6484
 """Achieved fraction of the card's peak plain-fp32 throughput in fp32 matmuls (CUDA cores, no TF32)."""
-EFF_FLASH = 0.3678
+EFF_FLASH = 0.6073
 """Achieved fraction of peak of the flash attention kernel, forward and backward together (FlashAttention-2,
 what PyTorch's flash SDPA runs, reaches about 335 of the H100's 989 dense TFLOPS: Dao 2023, arXiv
 2307.08691, fig. 7; the fit on the H200 rows lands a little above that)."""
-EFF_BANDWIDTH = 0.3967
+EFF_BANDWIDTH = 0.6107
 """Achieved fraction of the card's peak memory bandwidth in elementwise and optimizer kernels."""
-HOST_PER_OP = 90.93e-6
-"""Host seconds per module call per decoder layer and pass (Python, autograd and kernel launches)."""
-QLORA_OPS = 2.058
-"""Module calls a bitsandbytes 4-bit Linear costs beyond a plain Linear (quantization state, dequantize,
-cast, its autograd function)."""
-HOST_PER_TENSOR = 168.2e-6
+HOST_PER_KERNEL = 31.17e-6
+"""Host seconds per kernel launched (`kernels.count`): Python, the dispatcher and autograd around each."""
+QLORA_OPS = 15.23
+"""Kernel launches' worth of host time a bitsandbytes 4-bit Linear call costs beyond what the stand-in shows
+(quantization state, dequantize, its Python autograd function)."""
+HOST_PER_TENSOR = 146.1e-6
 """Host seconds per trainable tensor of a per-tensor optimizer step (bitsandbytes 8-bit, Adafactor)."""
-EFF_8BIT = 0.0565
+EFF_8BIT = 0.0768
 """Achieved fraction of the card's peak bandwidth of bitsandbytes' blockwise 8-bit AdamW kernel over the
 bytes it moves (`BYTES_8BIT`): each element's two states are dequantized through the 256-entry dynamic map
 and re-quantized by searching it, with a per-block absmax reduction, so the kernel is bound by that work,
 not by its few bytes (the 8B full-weight 8-bit rows take ~0.3 s per step in the update alone)."""
-FITTED = ("EFF_MATMUL", "EFF_FP32", "EFF_FLASH", "EFF_BANDWIDTH", "HOST_PER_OP", "QLORA_OPS", "HOST_PER_TENSOR",
-          "EFF_8BIT")
+FITTED = ("EFF_MATMUL", "EFF_FP32", "EFF_FLASH", "EFF_BANDWIDTH", "HOST_PER_KERNEL", "QLORA_OPS",
+          "HOST_PER_TENSOR", "EFF_8BIT")
 
 # --- derived, not fitted -------------------------------------------------------------------------------------
 OPTIMIZER_PASSES = {"adamw": 16.0, "adamw-fused": 7.0, "sgd": 3.0, "adafactor": 8.0}
@@ -79,42 +81,11 @@ PER_TENSOR_OPTIMIZERS = {"adamw-8bit": 1.0, "paged-adamw-8bit": 1.0, "adafactor"
 """Optimizers that loop over tensors in Python (one bitsandbytes kernel per tensor; Adafactor's several
 torch ops per tensor): host launches per trainable tensor. torch's foreach and fused AdamW and SGD group
 every tensor in a few launches."""
-ELEMENTWISE_BYTES = 68
-"""Bytes per token per layer per hidden unit moved by the elementwise kernels of one half-precision forward
-(norms, activation, residuals, rotary, dropout): Korthikanti et al.'s 34 s*b*h bytes written and as much
-read back; twice that in fp32 activations, and backward moves twice a forward's."""
-LOGITS_BYTES = 42
-"""Bytes per logit element per micro-step, counted along transformers' `ForCausalLMLoss` with half logits:
-forward: the head writes them (2), `.float()` reads and writes (2 + 4), log-softmax reads and writes (4 + 4)
-plus its max/sum pass (4); backward: NLL's gradient written in full (4), log-softmax's backward reads the
-gradient and the output and writes (4 + 4 + 4), the upcast's backward reads and writes (4 + 2). 42 in all;
-it scales with tokens x vocabulary, which is why the 150k-262k vocabularies (Qwen, Gemma 3) pay it."""
 DEQUANT_BYTES = 4.5
 """Bytes per 4-bit weight per dequantization: 0.5 read, 2 written as half, 2 read back by the matmul."""
 EFFICIENT_OVER_FLASH = 0.5
 """The memory-efficient kernel (xformers' cutlass kernel) runs at about half flash's speed (same paper's
 comparison with xformers). The math path runs as ordinary matmuls (`EFF_MATMUL`, `EFF_FP32`)."""
-LORA_BYTES = ((2, 5), (5, 2))
-"""Activation elements read or written per token by a LoRA-adapted Linear beyond its base layer, per input
-and per output feature, forward then backward (peft's `lora.Linear.forward`): dropout reads x and writes
-x' (2 x in), `* scaling` reads and writes the adapter's output, `result + ...` reads two and writes one
-(5 x out); backward the scaling's gradient (2 x out), dropout's backward (2 x in) and the sum of the base's and
-the adapter's input gradients (3 x in). Each element in the activation dtype; dropout's 1-byte mask besides."""
-QLORA_CAST_BYTES = 6
-"""Bytes per input and per output element of a bitsandbytes 4-bit Linear per pass: it casts the fp32 input to
-the compute dtype (read 4, write 2) and casts its output back to fp32 (read 2, write 4); backward casts the
-output gradient down and the input gradient up the same way (`bnb.nn.Linear4bit.forward`, `MatMul4Bit`)."""
-AUTOCAST_OPS = 0.33
-"""Module calls' worth of host time autocast adds per Linear call: one more dispatch (the weight's cast to
-half; the input is half after the first) against the three of a module call (`__call__` and its hooks, the
-op, the autograd node). Fixed, not fitted: the fit is flat between 0 and 0.33 (rms log error 0.204 at
-both) and worse at a whole module call (0.209)."""
-LOSS_OPS = 6
-"""Host-side calls per micro-step outside the modules, forward and backward each: the loss's upcast, the
-labels' pad and two views, cross-entropy, the division by the accumulation steps."""
-ATTENTION_MATRIX_PASSES = 12
-"""Times the math path's attention matrix (batch x heads x s x s) is written or read per micro-step:
-scores, scale and mask, softmax, the values' bmm in forward (4); their gradients in backward (8)."""
 OVERLAP = 2
 """The card and the host work at once, but not perfectly: a micro-step takes the 2-norm of their times (a
 smooth maximum; fixed, not fitted: the 2-norm fits the H200 rows better than the maximum or the 4-norm)."""
@@ -144,9 +115,9 @@ class Workload:
     pcie_bytes: float
     """Bytes over the host link per step (offload)."""
     micro_ops: float
-    """Host-side module calls per micro-step (all layers, all passes)."""
+    """Kernels launched per micro-step (`kernels.count`: forward, recompute, backward)."""
     quant_calls: float
-    """Calls of 4-bit Linears per micro-step (each costs `QLORA_OPS` more module calls)."""
+    """Calls of 4-bit Linears per micro-step (each costs `QLORA_OPS` more launches' worth of host time)."""
     step_ops: float
     """Host-side launches of a per-tensor optimizer step."""
     step_bytes_8bit: float = 0.0
@@ -176,40 +147,21 @@ class StepTime:
                 "parts": dict(self.parts), "card": self.card, "derived": self.derived}
 
 
-def _structure(model: Any) -> tuple[Any, torch.nn.Module, set[str], str | None]:
-    """The base model, its first decoder layer, the names of embedding parameters (lookups, not matmuls)
-    and the name of the output head's weight when it is a parameter of its own (None when tied)."""
-    from .analytic import _first_layer
-
+def _structure(model: Any) -> tuple[Any, set[str], str | None]:
+    """The base model, the names of embedding parameters (lookups, not matmuls) and the name of the output
+    head's weight when it is a parameter of its own (None when tied)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    layer = _first_layer(base)
     names = {id(p): n for n, p in model.named_parameters()}
     embeddings = {names[id(p)] for m in model.modules() if isinstance(m, torch.nn.Embedding)
                   for p in m.parameters(recurse=False) if id(p) in names}
     head = base.get_output_embeddings()
     head_name = names.get(id(head.weight)) if head is not None else None
-    return base, layer, embeddings, None if head_name in embeddings else head_name
+    return base, embeddings, None if head_name in embeddings else head_name
 
 
-def _leaves(module: torch.nn.Module) -> list[torch.nn.Module]:
-    """The leaf modules of `module`, containers excluded: the module calls of one forward."""
-    containers = (torch.nn.ModuleDict, torch.nn.ParameterDict, torch.nn.ModuleList)
-    return [m for m in module.modules() if not list(m.children()) and not isinstance(m, containers)]
-
-
-def _layer_ops(layer: torch.nn.Module) -> tuple[int, int]:
-    """(module calls, Linear-like modules) of one decoder layer: its leaf modules, containers excluded, + the
-    attention kernel, + 2 per LoRA-adapted Linear (peft's scaling multiply and the add to the base output,
-    which are calls of their own though not modules)."""
-    leaves = _leaves(layer)
-    linear = sum(1 for m in leaves if getattr(m, "weight", None) is not None and m.weight.dim() == 2)
-    adapted = sum(1 for m in layer.modules() if hasattr(m, "lora_A"))
-    return len(leaves) + 1 + 2 * adapted, linear
-
-
-def workload(inv: Inventory, setup: TrainSetup, precision: str, card: GPU) -> Workload:
-    """Count one step of `setup` on the model of `inv` (see the module docstring for the formulas)."""
-    base, layer, embeddings, head_name = _structure(inv.model)
+def workload(spec: ModelSpec, inv: Inventory, setup: TrainSetup, precision: str, card: GPU) -> Workload:
+    """Count one step of `setup` on `spec`'s model, whose parameters `inv` lists (see the module docstring)."""
+    base, embeddings, head_name = _structure(inv.model)
     cfg = base.config
     layers = int(getattr(cfg, "num_hidden_layers", None) or cfg.n_layer)
     hidden = int(getattr(cfg, "hidden_size", None) or cfg.n_embd)
@@ -247,33 +199,17 @@ def workload(inv: Inventory, setup: TrainSetup, precision: str, card: GPU) -> Wo
     attn = 4 * s * width * layers * tokens * (0.5 if kernel != "math" else 1.0) * (1 + 2 + ck)
     flops["attention"] = attn
     half = precision != "fp32" or setup.peft == "qlora"
-    act = 2 if precision in ("fp16", "bf16", "amp-bf16", "amp-fp16") and setup.peft != "qlora" else 4
-    n2d = block_frozen + block_train + (head_params if head_name else 0)
     weight_bytes = sum(p.numel * p.bytes_per for p in inv.params
                        if len(p.shape) == 2 and p.name not in embeddings and not p.quantized)
     weight_bytes += 0 if head_name else head_params * (2 if precision in ("fp16", "bf16") else 4)
-    # LoRA adapters' elementwise work and 4-bit Linears' casts, per feature of every such Linear
-    lora_in = lora_out = 0
-    for m in inv.model.modules():
-        if hasattr(m, "lora_A") and getattr(m, "in_features", None):
-            lora_in, lora_out = lora_in + int(m.in_features), lora_out + int(m.out_features)
-    (fi, fo), (bi, bo) = LORA_BYTES
-    lora_bytes = tokens * (act * ((fi * (1 + ck) + bi) * lora_in + (fo * (1 + ck) + bo) * lora_out)
-                           + (2 + ck) * lora_in)  # + dropout's mask, written and read
-    quant_features = sum(p.shape[0] + p.shape[1] for p in inv.params if p.quantized and len(p.shape) == 2)
+    counted = kernels.count(spec, setup, precision, card)
     micro_bytes = {
-        "elementwise": tokens * layers * hidden * ELEMENTWISE_BYTES * act / 2 * (1 + 2 + ck),
-        "lora": lora_bytes,
-        "quant_casts": tokens * quant_features * QLORA_CAST_BYTES * (2 + ck),
-        "logits": tokens * vocab * LOGITS_BYTES,
-        "autocast_casts": (6.0 * n2d * (1 + ck) + 6.0 * block_train) if precision.startswith("amp") else 0.0,
+        # every kernel that is not a matrix product: norms, activations, the loss, LoRA's, autocast's casts
+        "kernels": counted.bytes(b),
         "dequantize": DEQUANT_BYTES * quantized * (2 + ck),
         # every matmul reads its half (or fp32) weight once per pass; weights that train also write a gradient
         "weights": (weight_bytes * (1 + 2 + ck) + sum(n * d for n, d in train_elems if n > 1)),
         "grad_accumulate": (3.0 * sum(n * d for n, d in train_elems)) if accum > 1 else 0.0,
-        # the math path writes the scores and reads them back through softmax, dropout and the second bmm
-        "attention_matrix": (b * heads * s * s * (2 if attn_half else 4) * layers * ATTENTION_MATRIX_PASSES
-                             * (1 + 2 + ck) / 3) if kernel == "math" else 0.0,
     }
     update = update_8bit = 0.0
     if setup.optimizer in BYTES_8BIT_OPTIMIZERS:
@@ -290,17 +226,10 @@ def workload(inv: Inventory, setup: TrainSetup, precision: str, card: GPU) -> Wo
         if setup.offload == "params":
             pcie += sum(p.numel * 2 for p in inv.params) / gpus * (2 + ck)
 
-    ops, linears = _layer_ops(layer)
-    if precision.startswith("amp"):
-        ops += AUTOCAST_OPS * linears  # autocast casts each Linear's weight (and input) per call
-    if setup.attention == "eager":
-        ops += 3  # scores, softmax, dropout and the second bmm instead of one fused kernel
     quant_calls = sum(1 for p in inv.params if p.quantized) * (2 + ck)
     step_ops = PER_TENSOR_OPTIMIZERS.get(setup.optimizer, 0.0) * len(train_elems)
-    # outside the decoder layers: embedding, final norm, rotary, head, and the loss, forward and backward
-    outer = len(_leaves(base)) - layers * len(_leaves(layer)) + LOSS_OPS
     return Workload(tokens * accum, accum, flops, half, kernel, attn_half, micro_bytes, {"optimizer": update}, pcie,
-                    ops * layers * (2 + ck) + 2 * outer, quant_calls, step_ops, update_8bit)
+                    counted.launches, quant_calls, step_ops, update_8bit)
 
 
 def attention_kernel(inv: Inventory, setup: TrainSetup, precision: str, card: GPU) -> tuple[str, bool]:
@@ -341,10 +270,13 @@ def step_time(work: Workload, card: GPU, speed: Speed | None = None, tf32: bool 
         work.attention_kernel) or eff(work.attention_half)
     if not work.attention_half and work.attention_kernel != "math":
         attention_eff *= EFF_FP32 / EFF_MATMUL  # fused fp32 kernels run on CUDA cores too
-    compute = ((f["forward"] + f["backward"] + f["recompute"]) / (peak(work.half) * eff(work.half))
-               + f["attention"] / (peak(work.attention_half) * attention_eff))
-    memory = sum(work.micro_bytes.values()) / bandwidth
-    host = (work.micro_ops + QLORA_OPS * work.quant_calls) * HOST_PER_OP
+    matmul = (f["forward"] + f["backward"] + f["recompute"]) / (peak(work.half) * eff(work.half))
+    # a matmul reads its weight while it computes: the weights' bytes only count where they take longer
+    # than the matmuls' FLOPs (few tokens per micro-step), a roofline over the weight matmuls
+    matmul = max(matmul, work.micro_bytes["weights"] / bandwidth)
+    compute = matmul + f["attention"] / (peak(work.attention_half) * attention_eff)
+    memory = sum(v for k, v in work.micro_bytes.items() if k != "weights") / bandwidth
+    host = (work.micro_ops + QLORA_OPS * work.quant_calls) * HOST_PER_KERNEL
     # a smooth maximum: where the two are close, launches still leave gaps on the card
     micro = ((compute + memory) ** OVERLAP + host ** OVERLAP) ** (1 / OVERLAP)
     opt_card = (work.step_bytes["optimizer"] / bandwidth

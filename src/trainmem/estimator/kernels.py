@@ -1,0 +1,214 @@
+"""What one micro-step launches on the GPU, counted by running the real model's step on the meta device.
+
+The step-time model (`timing.py`) needs two things a parameter inventory cannot say: how many kernels the host
+launches per micro-step (each costs host time whether it moves a byte or not) and how many bytes the
+kernels that are not matrix products read and write (norms, activations, rotary embeddings, residual adds,
+the loss's upcast and log-softmax, LoRA's dropout and scaling, autocast's casts, the math attention path's
+softmax). Both depend on how each architecture's modeling code is written: GPT-2's unfused GELU is eight
+kernels where Llama's SiLU is one, Gemma has four norms per layer, Qwen3 and OLMo-2 normalize q and k.
+So they are counted, not assumed: the model is built on the meta device as the simulate method builds it
+(`simulate.model_builder`, peft and the bitsandbytes stand-ins included) and one forward and backward run
+under a dispatch mode that sees every ATen operator.
+
+A counted operator is a kernel unless it only makes a view or an empty tensor. Autocast's casts are counted
+as bytes but not as launches: CUDA autocast casts inside the dispatcher, in C++, without the Python that a
+module's operators cost (the fit of the H200 step times agrees: `docs/time-model.md`). Matrix products are
+left to `timing.py`'s FLOP count; fused attention is a stand-in here (its bytes are in its FLOP time).
+
+To stay fast (the analytic estimate and `plan`'s search call it for every setup), the step is traced on
+the model cut to one and to two decoder layers, each at micro-batch 1 and 2: launches are the one-layer
+count plus the layers' difference per further layer; bytes are bilinear in layers and micro-batch. The
+four traces of a 7-8B model take well under a second on the 2-core CPU machine and are cached per setup
+shape (`_CACHE`); batch size does not change the counts, only the bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from ..accumulation import micro_batch_loss
+from ..gpus import GPU
+from ..measure import StateBytes, TensorLedger
+from ..setup import TrainSetup
+from ..specs import ModelSpec
+from . import autocast
+
+_A = torch.ops.aten
+_MATMULS = {_A.mm.default, _A.addmm.default, _A.bmm.default, _A.baddbmm.default}
+_NO_KERNEL = {_A._unsafe_view.default, _A.detach.default, _A.alias.default, _A.lift_fresh.default,
+              _A.empty.memory_format, _A.empty_strided.default, _A.empty_like.default, _A.new_empty.default,
+              _A.new_empty_strided.default}
+"""Operators that launch nothing: views and allocations (an empty tensor is the caching allocator's work)."""
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """One micro-step's kernels on the model at full depth."""
+
+    launches: float
+    """Kernels launched per micro-step by forward, recompute and backward (autocast's casts excluded)."""
+    bytes_fixed: float
+    """Bytes the non-matmul kernels move per micro-step whatever the micro-batch (weight-sized work: the
+    embedding's gradient, norm and adapter weight gradients)."""
+    bytes_per_sample: float
+    """Bytes they move per sequence of the micro-batch."""
+
+    def bytes(self, batch: int) -> float:
+        return self.bytes_fixed + self.bytes_per_sample * batch
+
+
+class _Count(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.launches = 0
+        self.bytes = 0
+        self.casting = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        returns = func._schema.returns
+        if func in _NO_KERNEL or (returns and all(r.alias_info is not None and not r.alias_info.is_write
+                                                  for r in returns)):
+            return out
+        if not self.casting:
+            self.launches += 1
+        if func not in _MATMULS:
+            self.bytes += sum(t.numel() * t.element_size() for t in tree_leaves((args, kwargs, out))
+                              if isinstance(t, torch.Tensor))
+        return out
+
+
+class _Casts:
+    """Marks autocast's casts while they run, so that `_Count` leaves them out of the launches."""
+
+    def __init__(self, count: _Count):
+        self.count = count
+        self.original = autocast.CudaAutocast.cast
+
+    def __enter__(self) -> None:
+        original, count = self.original, self.count
+
+        def cast(region: autocast.CudaAutocast, x: Any, dtype: torch.dtype) -> Any:
+            count.casting += 1
+            try:
+                return original(region, x, dtype)
+            finally:
+                count.casting -= 1
+
+        autocast.CudaAutocast.cast = cast  # type: ignore[method-assign]
+
+    def __exit__(self, *exc: Any) -> None:
+        autocast.CudaAutocast.cast = self.original  # type: ignore[method-assign]
+
+
+class _StandIns:
+    """Counts the kernels behind simulate's stand-ins, which allocate their outputs and launch nothing on
+    meta: CUDA's fused dropout is one kernel forward (reads x, writes the output and a 1-byte mask) and one
+    backward (reads the gradient and the mask, writes the input gradient); a fused attention kernel is one
+    launch forward and two backward (FlashAttention-2's preprocessing and main kernel), its bytes part of its
+    FLOP time (`timing.EFF_FLASH`). Installed inside `simulate.cuda_choices`, around its stand-ins."""
+
+    def __init__(self, count: _Count):
+        self.count = count
+
+    def __enter__(self) -> None:
+        F = torch.nn.functional
+        self.saved = (F.dropout, F.scaled_dot_product_attention)
+        dropout, sdpa, count = F.dropout, F.scaled_dot_product_attention, self.count
+
+        def counted_dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+            if training and p > 0:
+                count.launches += 2
+                count.bytes += x.numel() * (5 * x.element_size() + 2)
+            return dropout(x, p, training, inplace)
+
+        def counted_sdpa(*args: Any, **kwargs: Any) -> Any:
+            count.launches += 3
+            return sdpa(*args, **kwargs)
+
+        F.dropout, F.scaled_dot_product_attention = counted_dropout, counted_sdpa
+
+    def __exit__(self, *exc: Any) -> None:
+        F = torch.nn.functional
+        F.dropout, F.scaled_dot_product_attention = self.saved
+
+
+def _layers_key(spec: ModelSpec) -> str:
+    return "n_layer" if "n_layer" in spec.config and "num_hidden_layers" not in spec.config else "num_hidden_layers"
+
+
+def depth(spec: ModelSpec) -> int:
+    """The number of decoder layers the config asks for."""
+    return int(spec.config.get(_layers_key(spec)) or spec.hf_config().num_hidden_layers)
+
+
+def _cut(spec: ModelSpec, layers: int) -> ModelSpec:
+    """`spec` with its first `layers` decoder layers only (per-layer lists of the config cut to match)."""
+    config = dict(spec.config)
+    config[_layers_key(spec)] = layers
+    if isinstance(config.get("layer_types"), list):
+        config["layer_types"] = config["layer_types"][:layers]
+    return dataclasses.replace(spec, name=f"{spec.name} [{layers} layers]", config=config)
+
+
+def _trace(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU) -> tuple[int, int]:
+    """(launches, non-matmul bytes) of one micro-step of `setup` on `spec`'s model, on the meta device."""
+    from ..build import AUTOCAST_DTYPES
+    from .simulate import cuda_choices, model_builder, train_mode
+
+    model = model_builder(spec, setup, precision, card)(TensorLedger(lambda: StateBytes(0, 0, 0)))
+    amp = AUTOCAST_DTYPES.get(precision)
+    train_mode(model, setup, amp)
+    ids = torch.zeros((setup.batch_size, setup.seq_len), dtype=torch.long, device="meta")
+    count = _Count()
+    with cuda_choices(setup.attention, card.flash), _StandIns(count), _Casts(count), count:
+        with autocast.region(amp):
+            loss = micro_batch_loss(model, {"input_ids": ids, "labels": ids}, setup.batch_size * setup.seq_len)
+        loss.backward()
+    return count.launches, count.bytes
+
+
+_CACHE: dict[tuple, Kernels] = {}
+
+
+def count(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU) -> Kernels:
+    """The kernels of one micro-step of `setup` (its micro-batch aside) on `spec`'s model at full depth."""
+    setup = setup.resolved(spec)
+    key = (spec.name, repr(sorted(spec.config.items())), setup.peft, setup.lora_r, repr(setup.lora_targets),
+           setup.attention, setup.checkpointing, setup.seq_len, precision, card.flash)
+    if key not in _CACHE:
+        _CACHE[key] = _extrapolated(spec, setup, precision, card)
+    return _CACHE[key]
+
+
+def _extrapolated(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU) -> Kernels:
+    layers = depth(spec)
+    try:
+        traced = {(n, b): _trace(_cut(spec, n), setup.replace(batch_size=b), precision, card)
+                  for n in (1, 2) for b in (1, 2)}
+    except Exception:  # a config whose per-layer settings do not survive the cut: trace it whole
+        traced = None
+    if traced is None or layers <= 2:
+        try:
+            whole = {b: _trace(spec, setup.replace(batch_size=b), precision, card) for b in (1, 2)}
+        except Exception as e:
+            raise ValueError(f"cannot count the kernels of a training step of {spec.name}: {e}") from e
+        return Kernels(whole[1][0], 2 * whole[1][1] - whole[2][1], whole[2][1] - whole[1][1])
+
+    def at(b: int, i: int) -> float:
+        one, two = traced[(1, b)][i], traced[(2, b)][i]
+        return one + (two - one) * (layers - 1)
+
+    per_sample = at(2, 1) - at(1, 1)
+    return Kernels(at(1, 0), at(1, 1) - per_sample, per_sample)
+
+
+__all__ = ["Kernels", "count", "depth"]
