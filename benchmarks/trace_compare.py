@@ -21,9 +21,8 @@ from collections.abc import Sequence
 from validate import HELD_OUT_6, HELD_OUT_7, HELD_OUT_8, MODELS
 
 import trainmem
-from trainmem.estimator.simulate import model_builder
 from trainmem.estimator.allocator import AllocatorOOM, CachingAllocator, replay_steps, trace_events
-from trainmem.estimator.simulate import simulate_step, steady_start
+from trainmem.estimator.simulate import model_builder, simulate_step, steady_start
 from trainmem.gpus import find_gpu
 
 GiB = 2**30
