@@ -19,8 +19,9 @@ def test_workspace_config_is_pytorchs_default_for_the_card():
 def test_prepare_sets_the_workspace_and_says_what_is_not_emulated(monkeypatch):
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     t4 = find_gpu("T4")
-    record = prepare(t4, t4.usable)
-    assert record["cublas_workspace_config"] == ":4096:2:16:8" and record["allocator_cap"] == t4.usable
+    cap = t4.allocator_cap("sdpa", "fp16", "none")
+    record = prepare(t4, cap)
+    assert record["cublas_workspace_config"] == ":4096:2:16:8" and record["allocator_cap"] == cap
     assert "no flash" in record["sdpa_kernels"] and "timings" in record["not_emulated"]
 
 

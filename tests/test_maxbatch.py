@@ -111,3 +111,33 @@ def test_allocator_steps_do_not_turn_the_search_into_a_walk():
     runs = Measured(staircase, budget)
     assert newton(runs, 122, lambda b: 0.6 * GB) == max(b for b in range(1, 400) if staircase(b) <= budget)
     assert runs.trials <= 7
+
+
+def test_real_runs_are_judged_by_the_estimates_rule(monkeypatch):
+    """A confirming run measures what the card would need as the estimate counts it: peak reserved plus the
+    setup's memory outside the allocator (context, and the fused-attention kernels under half-precision SDPA),
+    and runs under `RELAX` times the card's allocator cap for the setup. The run is stubbed (no GPU here)."""
+    import torch
+
+    import trainmem.runner
+    from trainmem import ModelSpec, TrainSetup
+    from trainmem.gpus import find_gpu
+    from trainmem.maxbatch import RELAX, _real_runs
+
+    spec, card = ModelSpec.resolve("tiny-llama"), find_gpu("T4")
+    setup = TrainSetup(gpu="T4", precision="fp16", attention="sdpa", seq_len=32)
+    caps = []
+
+    class Row:
+        status, error = "ok", None
+        memory = {"peak_reserved": 10 * GB}
+
+    def run(spec, setup):
+        caps.append(setup.memory_cap)
+        return Row()
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": 141 * GB}))
+    monkeypatch.setattr(trainmem.runner, "run", run)
+    runs, notes = _real_runs(spec, setup, card, 0.02)
+    assert runs.measure(4) == 10 * GB + card.overhead("sdpa", "fp16", "none") == 10 * GB + card.context + 16 * 2**20
+    assert caps == [int(RELAX * card.allocator_cap("sdpa", "fp16", "none"))] and not notes

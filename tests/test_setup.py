@@ -44,16 +44,16 @@ def test_data_needs_a_tokenizer(text_file):
 
 def test_gpu_catalog_and_cap():
     t4 = find_gpu("t4")
-    assert t4 is find_gpu("T4") and t4.usable == t4.capacity - t4.context
+    assert t4 is find_gpu("T4")
     assert find_gpu("a100_80gb").name == "A100-80GB"
-    assert TrainSetup(gpu="T4").cap_bytes() == t4.usable
+    assert TrainSetup(gpu="T4").cap_bytes() == t4.capacity - t4.context
     # the cap leaves out what the setup has outside the allocator: a step that reserves all of it
     # needs the card's capacity exactly
     for setup in (TrainSetup(gpu="T4", attention="sdpa", precision="fp16"),
                   TrainSetup(gpu="T4", attention="sdpa", precision="fp16", peft="qlora"),
                   TrainSetup(gpu="T4", attention="eager", precision="fp16")):
         assert setup.cap_bytes() + t4.overhead(setup.attention, setup.precision, setup.peft) == t4.capacity
-    assert TrainSetup(gpu="T4", attention="sdpa", precision="fp16").cap_bytes() < t4.usable
+    assert TrainSetup(gpu="T4", attention="sdpa", precision="fp16").cap_bytes() < t4.capacity - t4.context
     assert TrainSetup(gpu="T4", memory_cap=1000).cap_bytes() == 1000
 
 

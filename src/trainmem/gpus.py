@@ -93,11 +93,6 @@ class GPU:
     measured: bool = False
     """The runtime figures were measured on this card (else derived from the H200's)."""
 
-    @property
-    def usable(self) -> int:
-        """Bytes the caching allocator may reserve before this card runs out."""
-        return self.capacity - self.context
-
     def budget(self, margin: float) -> int:
         """Bytes a run may need on this card (peak reserved + context) and still count as fitting,
         keeping `margin` (a fraction of capacity) free: the one rule for estimates and real runs."""

@@ -32,7 +32,7 @@ LIMIT = 1 << 16
 """No search goes past this micro-batch: a model that fits this many samples needs no search."""
 
 RELAX = 1.25
-"""The confirming runs' cap, as a multiple of the card's usable memory: room to measure a miss."""
+"""The confirming runs' cap, as a multiple of the card's allocator cap for the setup: room to measure a miss."""
 
 
 @dataclass
@@ -79,7 +79,7 @@ def largest(fits: Callable[[int], bool], limit: int = LIMIT) -> int:
 
 class Measured(Oracle):
     """An Oracle over real runs that keeps what they measured: `measure(batch)` returns the bytes the run
-    needed on the card (peak reserved plus context), or None when it ran out of memory even under the
+    needed on the card (peak reserved plus the setup's memory outside the allocator), or None when it ran out of memory even under the
     relaxed cap. A batch fits when its bytes are within `budget`."""
 
     def __init__(self, measure: Callable[[int], int | None], budget: int):
@@ -169,10 +169,16 @@ def _real_runs(spec: ModelSpec, setup: TrainSetup, card: GPU, margin: float) -> 
 
     from .runner import run
 
+    resolved = setup.resolved(spec)
+    precision = resolved.resolved_precision(spec, "cuda")
+    # what the estimate adds to reserved bytes for this card and setup (context, fused-attention kernels):
+    # the one rule by which estimates and real runs are judged against `card.budget`
+    outside = card.overhead(resolved.attention, precision, resolved.peft)
+    cap = card.allocator_cap(resolved.attention, precision, resolved.peft)
     total = torch.cuda.get_device_properties(0).total_memory
-    relaxed = min(int(RELAX * card.usable), total)
-    notes = [] if total >= card.usable else [
-        f"this GPU has {total / 2**30:.1f} GiB, less than the {card.name}'s {card.usable / 2**30:.1f} GiB: "
+    relaxed = min(int(RELAX * cap), total)
+    notes = [] if total >= cap else [
+        f"this GPU has {total / 2**30:.1f} GiB, less than the {card.name}'s {cap / 2**30:.1f} GiB: "
         "batches that need more than this GPU cannot be confirmed and count as not fitting"]
 
     def measure(b: int) -> int | None:
@@ -182,7 +188,7 @@ def _real_runs(spec: ModelSpec, setup: TrainSetup, card: GPU, margin: float) -> 
         if row.status != "ok":
             last = (row.error or "").strip().splitlines()[-1:] or ["no error text"]
             raise RunFailed(f"the real run at batch {b} failed: {last[0]}")
-        return int(row.memory["peak_reserved"]) + card.context
+        return int(row.memory["peak_reserved"]) + outside
 
     return Measured(measure, card.budget(margin)), notes
 
