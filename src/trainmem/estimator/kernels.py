@@ -145,11 +145,6 @@ def _layers_key(spec: ModelSpec) -> str:
     return "n_layer" if "n_layer" in spec.config and "num_hidden_layers" not in spec.config else "num_hidden_layers"
 
 
-def depth(spec: ModelSpec) -> int:
-    """The number of decoder layers the config asks for."""
-    return int(spec.config.get(_layers_key(spec)) or spec.hf_config().num_hidden_layers)
-
-
 def _cut(spec: ModelSpec, layers: int) -> ModelSpec:
     """`spec` with its first `layers` decoder layers only (per-layer lists of the config cut to match)."""
     config = dict(spec.config)
@@ -190,13 +185,15 @@ def count(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU) -> Kern
 
 
 def _extrapolated(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU) -> Kernels:
-    layers = depth(spec)
-    try:
-        traced = {(n, b): _trace(_cut(spec, n), setup.replace(batch_size=b), precision, card)
-                  for n in (1, 2) for b in (1, 2)}
-    except Exception:  # a config whose per-layer settings do not survive the cut: trace it whole
-        traced = None
-    if traced is None or layers <= 2:
+    layers = int(spec.hf_config().num_hidden_layers)  # transformers maps GPT-2's n_layer onto it
+    traced = None
+    if layers > 2:  # two layers or fewer: the whole model is as cheap to trace as the cut ones
+        try:
+            traced = {(n, b): _trace(_cut(spec, n), setup.replace(batch_size=b), precision, card)
+                      for n in (1, 2) for b in (1, 2)}
+        except Exception:  # a config whose per-layer settings do not survive the cut: trace it whole
+            traced = None
+    if traced is None:
         try:
             whole = {b: _trace(spec, setup.replace(batch_size=b), precision, card) for b in (1, 2)}
         except Exception as e:
@@ -211,4 +208,4 @@ def _extrapolated(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU)
     return Kernels(at(1, 0), at(1, 1) - per_sample, per_sample)
 
 
-__all__ = ["Kernels", "count", "depth"]
+__all__ = ["Kernels", "count"]
