@@ -6,7 +6,8 @@
 #   MAXBATCH=1 bash benchmarks/gpu_session.sh  `trainmem max-batch` confirmed with real runs, 3 cards x 3 methods
 #   MAXBATCH="T4:qlora ..." with SWEEP=1           those max-batch combinations alongside the sweep (their caps
 #                                                  and the sweep's T4 cap together stay under the card)
-#   HELD_OUT="held-out-11 14 15 16" bash benchmarks/gpu_session.sh   GPU tests (GPU_TESTS=0 skips them), then
+#   HELD_OUT="held-out-11 14 15 16" bash benchmarks/gpu_session.sh   GPU tests and matmul_alignment.py (GPU_TESTS=0
+#                                                  skips both), then
 #                                                  those rows of a validate.py set, each in its own process
 # bitsandbytes comes as a wheel in .whl/ (the GPU image has none).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD/src || exit
@@ -25,6 +26,7 @@ elif [ "${SWEEP:-0}" = 1 ]; then
 elif [ -n "${HELD_OUT:-}" ]; then
   if [ "${GPU_TESTS:-1}" = 1 ]; then
     timeout 150 python3 -m pytest -q tests/gpu -p no:cacheprovider 2>&1 | tail -15 | tee $OUT/gpu-tests.txt
+    timeout 60 python3 benchmarks/matmul_alignment.py $OUT 2>&1 | tail -20  # UNALIGNED_SLOWDOWN, measured
   fi
   set -- $HELD_OUT
   timeout ${HELD_OUT_TIMEOUT:-420} python3 benchmarks/validate.py "$1" $OUT "${@:2}" 2>&1 | grep -v Warning | tail -40

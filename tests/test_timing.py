@@ -53,6 +53,7 @@ def test_frozen_weights_need_no_weight_gradients_and_checkpointing_recomputes_th
     ("qwen2.5-0.5b", dict(precision="amp-bf16", peft="lora", checkpointing=True)),
     ("llama-3.2-1b", dict(precision="bf16", peft="qlora")),
     ("gpt2", dict(precision="fp32")),
+    ("gpt2", dict(precision="amp-bf16", peft="lora")),  # the unaligned head (50257 tokens) under LoRA
 ])
 def test_kernel_counts_extrapolated_from_one_and_two_layers_match_the_whole_model(model, kw):
     """`kernels.count` traces the model cut to one and two layers at micro-batch 1 and 2 and extrapolates; a
@@ -62,9 +63,11 @@ def test_kernel_counts_extrapolated_from_one_and_two_layers_match_the_whole_mode
     setup = TrainSetup(batch_size=3, seq_len=32, **kw).validate(spec).resolved(spec)
     precision = setup.resolved_precision(spec, "cuda")
     counted = kernels.count(spec, setup, precision, CATALOG["H200"])
-    launches, moved = kernels._trace(spec, setup, precision, CATALOG["H200"])
+    launches, moved, unaligned = kernels._trace(spec, setup, precision, CATALOG["H200"])
     assert counted.launches == pytest.approx(launches, rel=0.02)
     assert counted.bytes(3) == pytest.approx(moved, rel=0.01)
+    # (abs: the rotary embedding's s x 1 @ 1 x s outer product, 2 s^2 FLOPs whatever the batch, is not extrapolated)
+    assert counted.unaligned(3) == pytest.approx(unaligned, rel=0.01, abs=1e6)
 
 
 def test_checkpointing_launches_the_layers_forward_again():
@@ -78,10 +81,39 @@ def test_autocast_casts_move_bytes_but_are_not_host_launches(monkeypatch):
     """CUDA autocast casts in the dispatcher, not in Python: `kernels._Casts` keeps them out of the launches."""
     spec = ModelSpec.resolve("tiny-llama")
     setup = TrainSetup(batch_size=2, seq_len=32, precision="amp-bf16")
-    without, _ = kernels._trace(spec, setup, "amp-bf16", CATALOG["H200"])
+    without = kernels._trace(spec, setup, "amp-bf16", CATALOG["H200"])[0]
     monkeypatch.setattr(kernels._Casts, "__enter__", lambda self: None)
-    with_casts, _ = kernels._trace(spec, setup, "amp-bf16", CATALOG["H200"])
+    with_casts = kernels._trace(spec, setup, "amp-bf16", CATALOG["H200"])[0]
     assert with_casts > without
+
+
+@pytest.mark.parametrize("precision,peft,passes", [("bf16", "none", 3), ("amp-fp16", "lora", 2), ("fp32", "none", 0)])
+def test_half_precision_products_over_gpt2s_vocabulary_are_the_unaligned_ones(precision, peft, passes):
+    """GPT-2's head is 50257 x 768, its only dimension that is not a multiple of 8: the unaligned FLOPs are its
+    forward, its input gradient and (where it trains, tied to the embedding) its weight gradient, exactly,
+    and only in half precision (fp32 runs on CUDA cores, where alignment matters little)."""
+    spec = ModelSpec.resolve("gpt2")
+    setup = TrainSetup(batch_size=2, seq_len=32, precision=precision, peft=peft).validate(spec).resolved(spec)
+    counted = kernels.count(spec, setup, precision, CATALOG["H200"])
+    assert counted.unaligned(2) == passes * 2 * 50257 * 768 * 64
+    assert kernels.count(ModelSpec.resolve("qwen2.5-0.5b"), setup, precision, CATALOG["H200"]).unaligned(2) == 0
+
+
+def test_a_vocabulary_padded_to_a_multiple_of_8_is_faster():
+    """What nanoGPT's 50304 and `resize_token_embeddings(pad_to_multiple_of=8)` are for: seven more tokens of
+    head FLOPs cost less than the unaligned products of 50257 (`timing.UNALIGNED_SLOWDOWN`)."""
+    import dataclasses
+
+    spec = ModelSpec.resolve("gpt2")
+    padded = dataclasses.replace(spec, name="gpt2 [vocab 50264]", config={**spec.config, "vocab_size": 50264})
+    setup = TrainSetup(batch_size=16, seq_len=1024, precision="bf16")
+
+    def step(s: ModelSpec) -> float:
+        v = setup.validate(s)
+        w = timing.workload(s, states.inventory(s, v, "bf16"), v, "bf16", CATALOG["H200"])
+        return timing.step_time(w, CATALOG["H200"]).step_s
+
+    assert step(padded) < step(spec)
 
 
 def test_the_8bit_optimizer_is_slower_than_foreach_adamw_on_an_8b_model():
@@ -180,3 +212,17 @@ def test_documented_step_times_are_the_time_models():
         if abs(now - predicted) > max(0.051, 1e-3 * predicted):
             drift.append(f"{label}: {predicted} ms documented, {now:.1f} ms now")
     assert not drift, "re-run python benchmarks/time_validate.py compare docs/data/*.jsonl:\n" + "\n".join(drift)
+
+
+def test_the_alignment_benchmark_runs_and_compares_with_the_padded_vocabulary():
+    """benchmarks/matmul_alignment.py, which is to measure `UNALIGNED_SLOWDOWN` on a GPU, on tiny CPU products."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    import matmul_alignment
+
+    rows = matmul_alignment.measure("cpu", tokens=16, repeat=1)
+    assert len(rows) == 2 * 3 * 3  # dtypes x vocabularies x products
+    assert all(r["slowdown_per_flop"] == 1 for r in rows if r["vocab"] == 50264)
+    assert all(r["seconds"] > 0 and r["tflops"] > 0 for r in rows)

@@ -59,9 +59,16 @@ class Kernels:
     embedding's gradient, norm and adapter weight gradients)."""
     bytes_per_sample: float
     """Bytes they move per sequence of the micro-batch."""
+    unaligned_per_sample: float = 0.0
+    """FLOPs per sequence of the half-precision matrix products with a dimension that is not a multiple of 8
+    (GPT-2's vocabulary of 50257, a vocabulary grown by one added token): cuBLAS cannot run them on its
+    fastest tensor-core kernels (`timing.UNALIGNED_SLOWDOWN`)."""
 
     def bytes(self, batch: int) -> float:
         return self.bytes_fixed + self.bytes_per_sample * batch
+
+    def unaligned(self, batch: int) -> float:
+        return self.unaligned_per_sample * batch
 
 
 class _Count(TorchDispatchMode):
@@ -69,6 +76,7 @@ class _Count(TorchDispatchMode):
         super().__init__()
         self.launches = 0
         self.bytes = 0
+        self.unaligned = 0
         self.casting = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
@@ -83,6 +91,11 @@ class _Count(TorchDispatchMode):
         if func not in _MATMULS:
             self.bytes += sum(t.numel() * t.element_size() for t in tree_leaves((args, kwargs, out))
                               if isinstance(t, torch.Tensor))
+        elif out.dtype in (torch.float16, torch.bfloat16):
+            a, b = args[:2] if func in (_A.mm.default, _A.bmm.default) else args[1:3]  # addmm: (bias, a, b)
+            dims = (a.shape[-2], a.shape[-1], b.shape[-1])
+            if any(d % 8 for d in dims):
+                self.unaligned += 2 * out.numel() * a.shape[-1]
         return out
 
 
@@ -154,8 +167,8 @@ def _cut(spec: ModelSpec, layers: int) -> ModelSpec:
     return dataclasses.replace(spec, name=f"{spec.name} [{layers} layers]", config=config)
 
 
-def _trace(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU) -> tuple[int, int]:
-    """(launches, non-matmul bytes) of one micro-step of `setup` on `spec`'s model, on the meta device."""
+def _trace(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU) -> tuple[int, int, int]:
+    """(launches, non-matmul bytes, unaligned half-precision matmul FLOPs) of one micro-step of `setup` on `spec`'s model, on the meta device."""
     from ..build import AUTOCAST_DTYPES
     from .simulate import cuda_choices, model_builder, train_mode
 
@@ -168,7 +181,7 @@ def _trace(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU) -> tup
         with autocast.region(amp):
             loss = micro_batch_loss(model, {"input_ids": ids, "labels": ids}, setup.batch_size * setup.seq_len)
         loss.backward()
-    return count.launches, count.bytes
+    return count.launches, count.bytes, count.unaligned
 
 
 _CACHE: dict[tuple, Kernels] = {}
@@ -198,14 +211,15 @@ def _extrapolated(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU)
             whole = {b: _trace(spec, setup.replace(batch_size=b), precision, card) for b in (1, 2)}
         except Exception as e:
             raise ValueError(f"cannot count the kernels of a training step of {spec.name}: {e}") from e
-        return Kernels(whole[1][0], 2 * whole[1][1] - whole[2][1], whole[2][1] - whole[1][1])
+        return Kernels(whole[1][0], 2 * whole[1][1] - whole[2][1], whole[2][1] - whole[1][1],
+                       whole[2][2] - whole[1][2])
 
     def at(b: int, i: int) -> float:
         one, two = traced[(1, b)][i], traced[(2, b)][i]
         return one + (two - one) * (layers - 1)
 
     per_sample = at(2, 1) - at(1, 1)
-    return Kernels(at(1, 0), at(1, 1) - per_sample, per_sample)
+    return Kernels(at(1, 0), at(1, 1) - per_sample, per_sample, at(2, 2) - at(1, 2))
 
 
 __all__ = ["Kernels", "count"]

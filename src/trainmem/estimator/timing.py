@@ -6,8 +6,9 @@ kernels asynchronously and the card runs them as they come (the loop syncs once 
 counts the batch's tokens, so micro-steps do not overlap each other); the optimizer step the larger of two:
 
 - the card's time: matmul FLOPs over the card's peak dense throughput for the matmul dtype times
-  `EFF_MATMUL` (or, where a micro-step has so few tokens that reading the weights takes longer, the weights'
-  bytes: a roofline), plus the bytes that memory-bound kernels move over its bandwidth times `EFF_BANDWIDTH`:
+  `EFF_MATMUL` or `EFF_FP32` (half-precision products with a dimension not a multiple of 8 counted
+  `UNALIGNED_SLOWDOWN` times; or, where a micro-step has so few tokens that reading the weights takes longer,
+  the weights' bytes: a roofline), attention's at `EFF_FLASH` or, in fp32, `EFF_ATTENTION_FP32`, plus the bytes that memory-bound kernels move over its bandwidth times `EFF_BANDWIDTH`:
   the bytes every non-matmul kernel of the step reads and writes, counted on the meta device
   (`kernels.count`: norms, activations, the loss, LoRA's dropout and scaling, autocast's and 4-bit Linears'
   casts, the math attention path's softmax), 4-bit dequantization, gradient accumulation and the optimizer
@@ -43,30 +44,39 @@ from . import kernels
 from .states import Inventory
 
 # --- fitted on the H200 (benchmarks/time_validate.py fit; docs/time-model.md) ------------------------------
-EFF_MATMUL = 0.6826
+EFF_MATMUL = 0.6284
 """Achieved fraction of the card's peak dense half-precision (tensor-core) matmul throughput."""
-EFF_FP32 = 0.6484
-"""Achieved fraction of the card's peak plain-fp32 throughput in fp32 matmuls (CUDA cores, no TF32)."""
-EFF_FLASH = 0.6073
-"""Achieved fraction of peak of the flash attention kernel, forward and backward together (FlashAttention-2,
-what PyTorch's flash SDPA runs, reaches about 335 of the H100's 989 dense TFLOPS: Dao 2023, arXiv
-2307.08691, fig. 7; the fit on the H200 rows lands a little above that)."""
-EFF_BANDWIDTH = 0.6107
+EFF_FP32 = 0.7721
+"""Achieved fraction of the card's peak plain-fp32 throughput in the weights' fp32 matmuls (CUDA cores, no TF32):
+large, well-shaped products, unlike attention's (`EFF_ATTENTION_FP32`)."""
+EFF_ATTENTION_FP32 = 0.451
+"""Achieved fraction of the card's peak plain-fp32 throughput in fp32 attention: the math path's batched
+matmuls, whose inner dimension is the head's 64-128 (the scores) or whose operands are the s x s
+probabilities, and the memory-efficient kernel's fp32 path. It runs in fp32 runs and under QLoRA, whose
+4-bit Linears cast q, k and v back to the fp32 residual stream. Fitted apart from `EFF_FP32` since the fifth
+change: one figure for both left the fp32 rows 5-32% too slow and the long QLoRA rows 14-26% too fast."""
+EFF_FLASH = 0.7407
+"""Achieved fraction of peak of the flash attention kernel, forward and backward together. An effective figure,
+not a kernel's: FlashAttention-2 reaches up to 225 of the A100's 312 dense TFLOPS but about 335 of the
+H100's 989 (Dao 2023, arXiv 2307.08691), and the fit on the H200 rows lands far above the latter, so it
+also absorbs what the model miscounts around attention at long sequences; it moved from 0.37 to 0.61 to 0.74
+over the last three structures, a sign that the H200 rows determine it weakly."""
+EFF_BANDWIDTH = 0.6753
 """Achieved fraction of the card's peak memory bandwidth in elementwise and optimizer kernels."""
-HOST_PER_KERNEL = 31.17e-6
+HOST_PER_KERNEL = 31.83e-6
 """Host seconds per kernel launched (`kernels.count`): Python, the dispatcher and autograd around each."""
-QLORA_OPS = 15.23
+QLORA_OPS = 12.85
 """Kernel launches' worth of host time a bitsandbytes 4-bit Linear call costs beyond what the stand-in shows
 (quantization state, dequantize, its Python autograd function)."""
-HOST_PER_TENSOR = 146.1e-6
+HOST_PER_TENSOR = 143.6e-6
 """Host seconds per trainable tensor of a per-tensor optimizer step (bitsandbytes 8-bit, Adafactor)."""
-EFF_8BIT = 0.0768
+EFF_8BIT = 0.0776
 """Achieved fraction of the card's peak bandwidth of bitsandbytes' blockwise 8-bit AdamW kernel over the
 bytes it moves (`BYTES_8BIT`): each element's two states are dequantized through the 256-entry dynamic map
 and re-quantized by searching it, with a per-block absmax reduction, so the kernel is bound by that work,
 not by its few bytes (the 8B full-weight 8-bit rows take ~0.3 s per step in the update alone)."""
-FITTED = ("EFF_MATMUL", "EFF_FP32", "EFF_FLASH", "EFF_BANDWIDTH", "HOST_PER_KERNEL", "QLORA_OPS",
-          "HOST_PER_TENSOR", "EFF_8BIT")
+FITTED = ("EFF_MATMUL", "EFF_FP32", "EFF_ATTENTION_FP32", "EFF_FLASH", "EFF_BANDWIDTH", "HOST_PER_KERNEL",
+          "QLORA_OPS", "HOST_PER_TENSOR", "EFF_8BIT")
 
 # --- derived, not fitted -------------------------------------------------------------------------------------
 OPTIMIZER_PASSES = {"adamw": 16.0, "adamw-fused": 7.0, "sgd": 3.0, "adafactor": 8.0}
@@ -86,6 +96,14 @@ DEQUANT_BYTES = 4.5
 EFFICIENT_OVER_FLASH = 0.5
 """The memory-efficient kernel (xformers' cutlass kernel) runs at about half flash's speed (same paper's
 comparison with xformers). The math path runs as ordinary matmuls (`EFF_MATMUL`, `EFF_FP32`)."""
+UNALIGNED_SLOWDOWN = 2.0
+"""A half-precision matmul with a dimension that is not a multiple of 8 takes about twice as long as an aligned
+one of the same FLOPs: cuBLAS cannot use its 16-byte-aligned tensor-core kernels (NVIDIA, Deep Learning
+Performance Guide, "Matrix Multiplication Background": tensor cores want fp16 dimensions in multiples of 8;
+`resize_token_embeddings(pad_to_multiple_of=...)` exists for it). Derived, not fitted: nanoGPT pads GPT-2's
+50257-token vocabulary to 50304 "for efficiency", which its author reported as about 25% faster training;
+the output head is 29% of GPT-2 small's matmul FLOPs at 1024 tokens, so 0.71 + 0.29 x slowdown = 1.25 gives
+about 1.9. Only GPT-2's vocabulary is unaligned among the measured models."""
 OVERLAP = 2
 """The card and the host work at once, but not perfectly: a micro-step takes the 2-norm of their times (a
 smooth maximum; fixed, not fitted: the 2-norm fits the H200 rows better than the maximum or the 4-norm)."""
@@ -101,7 +119,8 @@ class Workload:
     """Tokens per optimizer step on one GPU (micro-batch x sequence x accumulation)."""
     micro_steps: int
     flops: dict[str, float]
-    """Matmul FLOPs per micro-step: forward, backward, recompute."""
+    """Matmul FLOPs per micro-step: forward, backward, recompute, attention; and `unaligned`, the part of the
+    first three in half-precision matmuls with a dimension not a multiple of 8 (`UNALIGNED_SLOWDOWN`)."""
     half: bool
     """Weight matmuls run in fp16/bf16 (pure half, autocast, QLoRA's compute dtype), else fp32."""
     attention_kernel: str
@@ -198,11 +217,12 @@ def workload(spec: ModelSpec, inv: Inventory, setup: TrainSetup, precision: str,
     # scores and values: 2 matmuls of s x width per token per layer, forward; backward twice that
     attn = 4 * s * width * layers * tokens * (0.5 if kernel != "math" else 1.0) * (1 + 2 + ck)
     flops["attention"] = attn
+    counted = kernels.count(spec, setup, precision, card)
+    flops["unaligned"] = counted.unaligned(b)  # part of forward, backward and recompute
     half = precision != "fp32" or setup.peft == "qlora"
     weight_bytes = sum(p.numel * p.bytes_per for p in inv.params
                        if len(p.shape) == 2 and p.name not in embeddings and not p.quantized)
     weight_bytes += 0 if head_name else head_params * (2 if precision in ("fp16", "bf16") else 4)
-    counted = kernels.count(spec, setup, precision, card)
     micro_bytes = {
         # every kernel that is not a matrix product: norms, activations, the loss, LoRA's, autocast's casts
         "kernels": counted.bytes(b),
@@ -267,10 +287,11 @@ def step_time(work: Workload, card: GPU, speed: Speed | None = None, tf32: bool 
         return EFF_MATMUL if half else EFF_FP32
 
     attention_eff = {"flash": EFF_FLASH, "efficient": EFF_FLASH * EFFICIENT_OVER_FLASH}.get(
-        work.attention_kernel) or eff(work.attention_half)
-    if not work.attention_half and work.attention_kernel != "math":
-        attention_eff *= EFF_FP32 / EFF_MATMUL  # fused fp32 kernels run on CUDA cores too
-    matmul = (f["forward"] + f["backward"] + f["recompute"]) / (peak(work.half) * eff(work.half))
+        work.attention_kernel, EFF_MATMUL)
+    if not work.attention_half:  # fp32 attention runs on CUDA cores, fused or not
+        attention_eff *= EFF_ATTENTION_FP32 / EFF_MATMUL
+    matmul = ((f["forward"] + f["backward"] + f["recompute"] + (UNALIGNED_SLOWDOWN - 1) * f.get("unaligned", 0.0))
+              / (peak(work.half) * eff(work.half)))
     # a matmul reads its weight while it computes: the weights' bytes only count where they take longer
     # than the matmuls' FLOPs (few tokens per micro-step), a roofline over the weight matmuls
     matmul = max(matmul, work.micro_bytes["weights"] / bandwidth)
