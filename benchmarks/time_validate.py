@@ -7,10 +7,12 @@
     python benchmarks/time_validate.py noise                      # anywhere: setups measured more than once
     python benchmarks/time_validate.py measure OUT_DIR [INDEX ...] # on the H200: TIME_SET, one process each
 
-`compare` splits rows into in-sample (the files the constants were fitted on: `FIT_FILES`) and held-out (any
-other file), and prints per row the predicted and measured step time with the error, the median and worst
-absolute error, and the Spearman rank correlation of predicted vs measured within each model. Measured is
-`throughput.step_time_median_s` where a row has it (runs made after it existed), else `step_time_s`.
+`compare` splits rows into in-sample (the files the constants were fitted on: `FIT_FILES`), held-out (any
+other file) and sharded (one rank of an N-GPU run on a fake process group, whose FSDP gathers the model does
+not time: apart, so that they do not count as held-out errors), and prints per row the predicted and
+measured step time with the error, the median and worst absolute error, and the Spearman rank correlation
+of predicted vs measured within each model. Measured is `throughput.step_time_median_s` where a row has it
+(runs made after it existed), else `step_time_s`.
 Rows measured under `--gpu CARD` or `--memory-cap` ran on the H200 (capped memory, same speed): they are
 predicted at the H200's speed, with the SDPA kernel the emulated card has (no flash on a T4 or V100). Rows of `--engine trainer` (Trainer's own loop, gradient clipping) are left out.
 
@@ -179,7 +181,8 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 def _label(r: dict[str, Any]) -> str:
     s = r["setup"]
     extra = [s["peft"] if s["peft"] != "none" else "", "ckpt" if s["checkpointing"] else "",
-             s["optimizer"] if s["optimizer"] != "adamw" else "", s["attention"] if s["attention"] == "eager" else ""]
+             s["optimizer"] if s["optimizer"] != "adamw" else "", s["attention"] if s["attention"] == "eager" else "",
+             f"{s['gpus']} GPUs {s.get('shard') or ''}".strip() if (s.get("gpus") or 1) > 1 else ""]
     return (f"{r['model']['name']} b{s['batch_size']}x{s['grad_accum']} s{s['seq_len']} {s['precision']} "
             + " ".join(e for e in extra if e)).strip()
 
@@ -197,9 +200,11 @@ def summary(found: list[tuple[dict[str, Any], float, float]]) -> dict[str, Any]:
 
 def compare(paths: list[str], markdown: bool = False) -> int:
     fit = {os.path.abspath(p) for p in FIT_FILES}
-    sets: dict[str, list[tuple[dict[str, Any], float, float]]] = {"in-sample": [], "held-out": []}
+    sets: dict[str, list[tuple[dict[str, Any], float, float]]] = {"in-sample": [], "held-out": [], "sharded": []}
     for path, r in rows(paths):
-        which = "in-sample" if os.path.abspath(path) in fit else "held-out"
+        # one rank of a sharded run on a fake process group: FSDP's gathers and reshards are not modelled
+        which = ("sharded" if (r["setup"].get("gpus") or 1) > 1 else
+                 "in-sample" if os.path.abspath(path) in fit else "held-out")
         sets[which].append((r, predict(r), measured_s(r)))
     for which, found in sets.items():
         if not found:
