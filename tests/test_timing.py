@@ -226,3 +226,12 @@ def test_the_alignment_benchmark_runs_and_compares_with_the_padded_vocabulary():
     assert len(rows) == 2 * 3 * 3  # dtypes x vocabularies x products
     assert all(r["slowdown_per_flop"] == 1 for r in rows if r["vocab"] == 50264)
     assert all(r["seconds"] > 0 and r["tflops"] > 0 for r in rows)
+
+
+def test_the_estimate_says_what_padding_an_unaligned_vocabulary_would_save():
+    note = "pad_to_multiple_of=64"
+    half = estimate("gpt2", TrainSetup(batch_size=16, seq_len=1024, precision="bf16"), "analytic")
+    assert any(note in n and "50257" in n for n in half.notes)
+    fp32 = estimate("gpt2", TrainSetup(batch_size=16, seq_len=1024, precision="fp32"), "analytic")
+    aligned = estimate("qwen2.5-0.5b", TrainSetup(batch_size=16, seq_len=1024, precision="bf16"), "analytic")
+    assert not any(note in n for n in fp32.notes + aligned.notes)

@@ -133,7 +133,7 @@ class Workload:
     """Bytes moved once per optimizer step (the optimizer update)."""
     pcie_bytes: float
     """Bytes over the host link per step (offload)."""
-    micro_ops: float
+    launches: float
     """Kernels launched per micro-step (`kernels.count`: forward, recompute, backward)."""
     quant_calls: float
     """Calls of 4-bit Linears per micro-step (each costs `QLORA_OPS` more launches' worth of host time)."""
@@ -297,7 +297,7 @@ def step_time(work: Workload, card: GPU, speed: Speed | None = None, tf32: bool 
     matmul = max(matmul, work.micro_bytes["weights"] / bandwidth)
     compute = matmul + f["attention"] / (peak(work.attention_half) * attention_eff)
     memory = sum(v for k, v in work.micro_bytes.items() if k != "weights") / bandwidth
-    host = (work.micro_ops + QLORA_OPS * work.quant_calls) * HOST_PER_KERNEL
+    host = (work.launches + QLORA_OPS * work.quant_calls) * HOST_PER_KERNEL
     # a smooth maximum: where the two are close, launches still leave gaps on the card
     micro = ((compute + memory) ** OVERLAP + host ** OVERLAP) ** (1 / OVERLAP)
     opt_card = (work.step_bytes["optimizer"] / bandwidth
