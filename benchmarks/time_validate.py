@@ -46,7 +46,10 @@ FIT_FILES = [os.path.join(HERE, "..", "docs", "data", f) for f in (
     # reported at the third refit's constants before any change (docs/time-model.md, held-out 6 and 7), and
     # the chapter's emulated-T4 sweeps (docs/cards.md): in-sample from the fourth change on
     "validation-held-out-9-h200-2026-12-04.jsonl", "validation-held-out-10-h200-2026-12-04.jsonl",
-    "sweep-chapter-t4-emulated-h200-2026-12-03.jsonl", "sweep-chapter-t4-emulated-h200-2026-12-04.jsonl")]
+    "sweep-chapter-t4-emulated-h200-2026-12-03.jsonl", "sweep-chapter-t4-emulated-h200-2026-12-04.jsonl",
+    # reported at the fourth and fifth changes' constants before any change (docs/time-model.md, held-out 9):
+    # in-sample from the sixth change on
+    "validation-held-out-11-h200-2026-12-04.jsonl", "validation-held-out-11-rows-14-29-h200-2026-12-05.jsonl")]
 """The calibration data: the H200 measurement files committed before the time model existed (every one of
 their rows with a step time, see `rows`), and since the 2026-12-04 change the step-time model's two former
 held-out sets: `validation-held-out-4-h200-2026-12-03.jsonl` (memory's held-out 4, measured 2026-12-03, the
@@ -60,7 +63,9 @@ after that, with the second change. Memory's held-out 7 and 8 (`validation-held-
 4 and 5 in docs/time-model.md) and joined the fit after that, with the third refit; held-out 9 and 10 (held-out 6
 and 7 there) with the fourth change, with the chapter's two emulated-T4 sweeps. Named, not globbed, so that a
 new held-out file stays held out when it is committed next to them. Since the fourth change only their rows
-timed over several steps (`step_time_median_s`) are fitted (`timed`)."""
+timed over several steps (`step_time_median_s`) are fitted (`timed`). Memory's held-out 11 (both files: rows 0-15
+measured 2026-12-04, rows 14-29 on 2026-12-05) was reported at the fourth and fifth changes' constants (held-out
+9 in docs/time-model.md) and joined the fit with the sixth change."""
 
 STEPS = 8
 """Steps per held-out run: 2 probed, then 6 timed (median of >= 4 steady steps)."""

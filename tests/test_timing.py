@@ -215,7 +215,7 @@ def test_documented_step_times_are_the_time_models():
 
 
 def test_the_alignment_benchmark_runs_and_compares_with_the_padded_vocabulary():
-    """benchmarks/matmul_alignment.py, which is to measure `UNALIGNED_SLOWDOWN` on a GPU, on tiny CPU products."""
+    """benchmarks/matmul_alignment.py, which measured `UNALIGNED_SLOWDOWN` on the H200, on tiny CPU products."""
     import os
     import sys
 

@@ -44,33 +44,33 @@ from . import kernels
 from .states import Inventory
 
 # --- fitted on the H200 (benchmarks/time_validate.py fit; docs/time-model.md) ------------------------------
-EFF_MATMUL = 0.6284
+EFF_MATMUL = 0.6031
 """Achieved fraction of the card's peak dense half-precision (tensor-core) matmul throughput."""
-EFF_FP32 = 0.7721
+EFF_FP32 = 0.7545
 """Achieved fraction of the card's peak plain-fp32 throughput in the weights' fp32 matmuls (CUDA cores, no TF32):
 large, well-shaped products, unlike attention's (`EFF_ATTENTION_FP32`)."""
-EFF_ATTENTION_FP32 = 0.451
+EFF_ATTENTION_FP32 = 0.4447
 """Achieved fraction of the card's peak plain-fp32 throughput in fp32 attention: the math path's batched
 matmuls, whose inner dimension is the head's 64-128 (the scores) or whose operands are the s x s
 probabilities, and the memory-efficient kernel's fp32 path. It runs in fp32 runs and under QLoRA, whose
 4-bit Linears cast q, k and v back to the fp32 residual stream. Fitted apart from `EFF_FP32` since the fifth
 change: one figure for both left the fp32 rows 5-32% too slow and the long QLoRA rows 14-26% too fast."""
-EFF_FLASH = 0.7407
+EFF_FLASH = 0.7021
 """Achieved fraction of peak of the flash attention kernel, forward and backward together. An effective figure,
 not a kernel's: FlashAttention-2 reaches up to 225 of the A100's 312 dense TFLOPS but about 335 of the
 H100's 989 (Dao 2023, arXiv 2307.08691), and the fit on the H200 rows lands far above the latter, so it
 also absorbs what the model miscounts around attention at long sequences; it moved from 0.37 to 0.61 to 0.74
 over the last three structures, a sign that the H200 rows determine it weakly."""
-EFF_BANDWIDTH = 0.6753
+EFF_BANDWIDTH = 0.7343
 """Achieved fraction of the card's peak memory bandwidth in elementwise and optimizer kernels."""
-HOST_PER_KERNEL = 31.83e-6
+HOST_PER_KERNEL = 31.59e-6
 """Host seconds per kernel launched (`kernels.count`): Python, the dispatcher and autograd around each."""
-QLORA_OPS = 12.85
+QLORA_OPS = 13.29
 """Kernel launches' worth of host time a bitsandbytes 4-bit Linear call costs beyond what the stand-in shows
 (quantization state, dequantize, its Python autograd function)."""
-HOST_PER_TENSOR = 143.6e-6
+HOST_PER_TENSOR = 82.4e-6
 """Host seconds per trainable tensor of a per-tensor optimizer step (bitsandbytes 8-bit, Adafactor)."""
-EFF_8BIT = 0.0776
+EFF_8BIT = 0.0772
 """Achieved fraction of the card's peak bandwidth of bitsandbytes' blockwise 8-bit AdamW kernel over the
 bytes it moves (`BYTES_8BIT`): each element's two states are dequantized through the 256-entry dynamic map
 and re-quantized by searching it, with a per-block absmax reduction, so the kernel is bound by that work,
@@ -96,14 +96,17 @@ DEQUANT_BYTES = 4.5
 EFFICIENT_OVER_FLASH = 0.5
 """The memory-efficient kernel (xformers' cutlass kernel) runs at about half flash's speed (same paper's
 comparison with xformers). The math path runs as ordinary matmuls (`EFF_MATMUL`, `EFF_FP32`)."""
-UNALIGNED_SLOWDOWN = 2.0
-"""A half-precision matmul with a dimension that is not a multiple of 8 takes about twice as long as an aligned
-one of the same FLOPs: cuBLAS cannot use its 16-byte-aligned tensor-core kernels (NVIDIA, Deep Learning
-Performance Guide, "Matrix Multiplication Background": tensor cores want fp16 dimensions in multiples of 8;
-`resize_token_embeddings(pad_to_multiple_of=...)` exists for it). Derived, not fitted: nanoGPT pads GPT-2's
-50257-token vocabulary to 50304 "for efficiency", which its author reported as about 25% faster training;
-the output head is 29% of GPT-2 small's matmul FLOPs at 1024 tokens, so 0.71 + 0.29 x slowdown = 1.25 gives
-about 1.9. Only GPT-2's vocabulary is unaligned among the measured models."""
+UNALIGNED_SLOWDOWN = {"Hopper": 5.9, "other": 2.0}
+"""How many times longer a half-precision matmul with a dimension that is not a multiple of 8 takes than an
+aligned one of the same FLOPs: cuBLAS cannot run it on its 16-byte-aligned tensor-core kernels (NVIDIA's
+Matrix Multiplication Background guide: fp16 dimensions in multiples of 8; `resize_token_embeddings(
+pad_to_multiple_of=...)` exists for it). Hopper (sm90 and later): 5.9, measured on the H200 with
+`benchmarks/matmul_alignment.py` (GPT-2's head at 16384 tokens, its forward, input and weight gradients:
+5.8x per FLOP in bf16 and 5.9x in fp16 at 50257 against 50264; docs/data/matmul-alignment-h200-2026-12-05.json);
+its fast kernels load tiles with the tensor memory accelerator, which needs the alignment. Other cards: 2.0,
+derived, not measured: nanoGPT pads GPT-2's 50257-token vocabulary to 50304 "for efficiency", which its
+author reported as about 25% faster training on A100s; the head is 29% of GPT-2 small's matmul FLOPs at 1024
+tokens, so 0.71 + 0.29 x slowdown = 1.25 gives about 1.9."""
 OVERLAP = 2
 """The card and the host work at once, but not perfectly: a micro-step takes the 2-norm of their times (a
 smooth maximum; fixed, not fitted: the 2-norm fits the H200 rows better than the maximum or the 4-norm)."""
@@ -290,7 +293,8 @@ def step_time(work: Workload, card: GPU, speed: Speed | None = None, tf32: bool 
         work.attention_kernel, EFF_MATMUL)
     if not work.attention_half:  # fp32 attention runs on CUDA cores, fused or not
         attention_eff *= EFF_ATTENTION_FP32 / EFF_MATMUL
-    matmul = ((f["forward"] + f["backward"] + f["recompute"] + (UNALIGNED_SLOWDOWN - 1) * f.get("unaligned", 0.0))
+    slowdown = UNALIGNED_SLOWDOWN["Hopper" if card.sm >= (9, 0) else "other"]
+    matmul = ((f["forward"] + f["backward"] + f["recompute"] + (slowdown - 1) * f.get("unaligned", 0.0))
               / (peak(work.half) * eff(work.half)))
     # a matmul reads its weight while it computes: the weights' bytes only count where they take longer
     # than the matmuls' FLOPs (few tokens per micro-step), a roofline over the weight matmuls
