@@ -13,6 +13,7 @@
     python benchmarks/validate.py held-out-9 OUT_DIR [INDEX ...]  # HELD_OUT_9: 8 setups
     python benchmarks/validate.py held-out-10 OUT_DIR [INDEX ...] # HELD_OUT_10: 30 setups
     python benchmarks/validate.py held-out-11 OUT_DIR [INDEX ...] # HELD_OUT_11: 30 setups, chosen at change 11
+    python benchmarks/validate.py held-out-12 OUT_DIR [INDEX ...] # HELD_OUT_12: 12 setups, the time model's sixth change
     python benchmarks/validate.py sharded OUT_DIR [INDEX ...]     # SHARDED: FSDP2 ranks through the fake group
     python benchmarks/validate.py compare JSONL       # anywhere: the error table (docs/estimate-validation.md)
 
@@ -41,7 +42,9 @@ MODELS = {"neox": "polyglot-ko-1.3b", "llama": "llama-3.2-1b", "qwen": "qwen2.5-
           "gpt2": "gpt2", "gemma2": "gemma-2-2b", "phi3": "phi-3-mini", "olmo2": "olmo-2-1b",
           "qwen3": "qwen3-0.6b", "mistral": "mistral-7b", "llama8b": "llama-3.1-8b",
           # first measured in HELD_OUT_4
-          "gemma3": "gemma-3-1b", "phi2": "phi-2", "stablelm": "stablelm-2-1.6b", "qwen7b": "qwen2.5-7b"}
+          "gemma3": "gemma-3-1b", "phi2": "phi-2", "stablelm": "stablelm-2-1.6b", "qwen7b": "qwen2.5-7b",
+          # first measured in HELD_OUT_12
+          "neox3.8b": "polyglot-ko-3.8b"}
 
 SETUPS: list[tuple[str, dict]] = [
     ("neox", dict(precision="fp16", batch_size=4)),
@@ -424,6 +427,26 @@ chosen and sized at 19fd980 before any of it ran. Eight near-capacity pairs (fou
 8-bit AdamW; cards and models no pair combined before), then fourteen uncapped setups whose step times
 judge the third refit. Run the pairs first (`held-out-11 $OUT 0 1 ... 15`)."""
 
+HELD_OUT_12: list[tuple[str, dict]] = [
+    ("gpt2", dict(precision="bf16", batch_size=16, seq_len=1024)),  # GPT-2's unaligned head, half precision
+    ("gpt2", dict(precision="amp-fp16", batch_size=32, seq_len=512, peft="lora")),
+    ("qwen", dict(precision="fp32", batch_size=4, seq_len=1024)),  # fp32 weights' matmuls
+    ("llama", dict(precision="fp32", batch_size=2, seq_len=1024, peft="lora")),  # fp32 math attention (GQA)
+    ("llama", dict(precision="bf16", batch_size=2, seq_len=4096, peft="qlora", checkpointing=True)),  # fp32 attention
+    ("qwen1.5b", dict(precision="bf16", batch_size=4, seq_len=2048, peft="qlora", checkpointing=True, **ALL)),
+    ("gemma3", dict(precision="amp-bf16", batch_size=4, seq_len=1024, peft="lora")),  # autocast LoRA on Gemma
+    ("qwen3", dict(precision="bf16", batch_size=8, seq_len=1024)),
+    ("phi2", dict(precision="amp-fp16", batch_size=4, seq_len=1024, checkpointing=True)),
+    ("olmo2", dict(precision="bf16", batch_size=8, seq_len=1024, peft="lora", **ALL)),
+    ("stablelm", dict(precision="bf16", batch_size=4, seq_len=2048, checkpointing=True, optimizer="adamw-fused")),
+    ("neox3.8b", dict(precision="fp16", batch_size=8, seq_len=256, peft="lora")),  # the chapter's model family, 3.8B
+]
+"""The twelfth held-out set, for the step-time model's sixth change (the measured unaligned slowdown and the
+refit on held-out 11): twelve uncapped setups, chosen at that change before any ran, small enough to measure
+in one device call (about 25 s each), aimed at what the fifth and sixth changes touched (GPT-2 in half
+precision, fp32 weights and attention, QLoRA at long sequences) and at the known misses (autocast LoRA on
+Gemma, host-bound small models); memory is judged on them too."""
+
 SHARDED: list[tuple[str, dict]] = [
     ("llama", dict(precision="amp-bf16", batch_size=2, seq_len=1024, gpus=2)),
     ("llama", dict(precision="amp-bf16", batch_size=2, seq_len=1024, gpus=8, checkpointing=True)),
@@ -509,7 +532,7 @@ if __name__ == "__main__":
                                                                  for a, kw in SHARDED], "validation-sharded.jsonl"))
     six_steps = {"held-out-4": HELD_OUT_4, "held-out-5": HELD_OUT_5, "held-out-6": HELD_OUT_6,
                  "held-out-7": HELD_OUT_7, "held-out-8": HELD_OUT_8, "held-out-9": HELD_OUT_9,
-                 "held-out-10": HELD_OUT_10, "held-out-11": HELD_OUT_11}  # six steps per setup from held-out 4 on
+                 "held-out-10": HELD_OUT_10, "held-out-11": HELD_OUT_11, "held-out-12": HELD_OUT_12}  # six steps per setup from held-out 4 on
     if cmd in six_steps:
         sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], six_steps[cmd], f"validation-{cmd}.jsonl", steps=6))
     from compare_estimates import compare  # noqa: E402
