@@ -229,7 +229,7 @@ def test_the_alignment_benchmark_runs_and_compares_with_the_padded_vocabulary():
 
 
 def test_the_estimate_says_what_padding_an_unaligned_vocabulary_would_save():
-    note = "pad_to_multiple_of=64"
+    note = "pad_to_multiple_of=8"
     half = estimate("gpt2", TrainSetup(batch_size=16, seq_len=1024, precision="bf16"), "analytic")
     assert any(note in n and "50257" in n for n in half.notes)
     fp32 = estimate("gpt2", TrainSetup(batch_size=16, seq_len=1024, precision="fp32"), "analytic")

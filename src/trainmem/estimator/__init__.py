@@ -16,7 +16,6 @@ offload use the analytic method (ZeRO unvalidated: DeepSpeed is not run here).
 from __future__ import annotations
 
 import dataclasses
-
 from typing import Any, Callable
 
 import torch
@@ -153,7 +152,7 @@ def _unaligned_note(spec: ModelSpec, work: timing.Workload, card: GPU, step_s: f
         return None
     vocab = int(getattr(spec.hf_config(), "vocab_size", 0) or 0)
     what = (f"the output head's {vocab} tokens are not a multiple of 8: padding the vocabulary "
-            "(model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64))" if vocab % 8 else
+            "(model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=8))" if vocab % 8 else
             "some matmul dimensions are not multiples of 8: padding them")
     return (f"time: {what} is predicted to make the step {saved:.0%} faster (half-precision tensor-core "
             "kernels want multiples of 8; docs/time-model.md)")

@@ -8,8 +8,8 @@ counts the batch's tokens, so micro-steps do not overlap each other); the optimi
 - the card's time: matmul FLOPs over the card's peak dense throughput for the matmul dtype times
   `EFF_MATMUL` or `EFF_FP32` (half-precision products with a dimension not a multiple of 8 counted
   `UNALIGNED_SLOWDOWN` times; or, where a micro-step has so few tokens that reading the weights takes longer,
-  the weights' bytes: a roofline), attention's at `EFF_FLASH` or, in fp32, `EFF_ATTENTION_FP32`, plus the bytes that memory-bound kernels move over its bandwidth times `EFF_BANDWIDTH`:
-  the bytes every non-matmul kernel of the step reads and writes, counted on the meta device
+  the weights' bytes: a roofline), attention's at `EFF_FLASH` or, in fp32, `EFF_ATTENTION_FP32`, plus the
+  bytes that memory-bound kernels move over its bandwidth times `EFF_BANDWIDTH`: the bytes every non-matmul kernel of the step reads and writes, counted on the meta device
   (`kernels.count`: norms, activations, the loss, LoRA's dropout and scaling, autocast's and 4-bit Linears'
   casts, the math attention path's softmax), 4-bit dequantization, gradient accumulation and the optimizer
   update; bitsandbytes' 8-bit AdamW's bytes at its own, much lower, achieved bandwidth `EFF_8BIT`;
@@ -59,8 +59,8 @@ EFF_FLASH = 0.7021
 """Achieved fraction of peak of the flash attention kernel, forward and backward together. An effective figure,
 not a kernel's: FlashAttention-2 reaches up to 225 of the A100's 312 dense TFLOPS but about 335 of the
 H100's 989 (Dao 2023, arXiv 2307.08691), and the fit on the H200 rows lands far above the latter, so it
-also absorbs what the model miscounts around attention at long sequences; it moved from 0.37 to 0.61 to 0.74
-over the last three structures, a sign that the H200 rows determine it weakly."""
+also absorbs what the model miscounts around attention at long sequences; it moved from 0.37 to 0.61, 0.74
+and 0.70 over the last four structures, a sign that the H200 rows determine it weakly."""
 EFF_BANDWIDTH = 0.7343
 """Achieved fraction of the card's peak memory bandwidth in elementwise and optimizer kernels."""
 HOST_PER_KERNEL = 31.59e-6
