@@ -183,11 +183,16 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return num / den if den else float("nan")
 
 
+def _sharded(r: dict[str, Any]) -> bool:
+    """One rank of an N-GPU run (on a fake process group)."""
+    return (r["setup"].get("gpus") or 1) > 1
+
+
 def _label(r: dict[str, Any]) -> str:
     s = r["setup"]
     extra = [s["peft"] if s["peft"] != "none" else "", "ckpt" if s["checkpointing"] else "",
              s["optimizer"] if s["optimizer"] != "adamw" else "", s["attention"] if s["attention"] == "eager" else "",
-             f"{s['gpus']} GPUs {s.get('shard') or ''}".strip() if (s.get("gpus") or 1) > 1 else ""]
+             f"{s['gpus']} GPUs {s.get('shard') or ''}".strip() if _sharded(r) else ""]
     return (f"{r['model']['name']} b{s['batch_size']}x{s['grad_accum']} s{s['seq_len']} {s['precision']} "
             + " ".join(e for e in extra if e)).strip()
 
@@ -208,7 +213,7 @@ def compare(paths: list[str], markdown: bool = False) -> int:
     sets: dict[str, list[tuple[dict[str, Any], float, float]]] = {"in-sample": [], "held-out": [], "sharded": []}
     for path, r in rows(paths):
         # one rank of a sharded run on a fake process group: FSDP's gathers and reshards are not modelled
-        which = ("sharded" if (r["setup"].get("gpus") or 1) > 1 else
+        which = ("sharded" if _sharded(r) else
                  "in-sample" if os.path.abspath(path) in fit else "held-out")
         sets[which].append((r, predict(r), measured_s(r)))
     for which, found in sets.items():

@@ -79,8 +79,8 @@ def largest(fits: Callable[[int], bool], limit: int = LIMIT) -> int:
 
 class Measured(Oracle):
     """An Oracle over real runs that keeps what they measured: `measure(batch)` returns the bytes the run
-    needed on the card (peak reserved plus the setup's memory outside the allocator), or None when it ran out of memory even under the
-    relaxed cap. A batch fits when its bytes are within `budget`."""
+    needed on the card (peak reserved plus the setup's memory outside the allocator), or None when it ran out
+    of memory even under the relaxed cap. A batch fits when its bytes are within `budget`."""
 
     def __init__(self, measure: Callable[[int], int | None], budget: int):
         self.measure, self.budget = measure, budget

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -167,8 +167,16 @@ def _cut(spec: ModelSpec, layers: int) -> ModelSpec:
     return dataclasses.replace(spec, name=f"{spec.name} [{layers} layers]", config=config)
 
 
-def _trace(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU) -> tuple[int, int, int]:
-    """(launches, non-matmul bytes, unaligned half-precision matmul FLOPs) of one micro-step of `setup` on `spec`'s model, on the meta device."""
+class _Traced(NamedTuple):
+    """What one trace counted (`_Count`)."""
+
+    launches: int
+    bytes: int
+    unaligned: int
+
+
+def _trace(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU) -> _Traced:
+    """The kernels of one micro-step of `setup` on `spec`'s model, on the meta device."""
     from ..build import AUTOCAST_DTYPES
     from .simulate import cuda_choices, model_builder, train_mode
 
@@ -181,7 +189,7 @@ def _trace(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU) -> tup
         with autocast.region(amp):
             loss = micro_batch_loss(model, {"input_ids": ids, "labels": ids}, setup.batch_size * setup.seq_len)
         loss.backward()
-    return count.launches, count.bytes, count.unaligned
+    return _Traced(count.launches, count.bytes, count.unaligned)
 
 
 _CACHE: dict[tuple, Kernels] = {}
@@ -211,15 +219,16 @@ def _extrapolated(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU)
             whole = {b: _trace(spec, setup.replace(batch_size=b), precision, card) for b in (1, 2)}
         except Exception as e:
             raise ValueError(f"cannot count the kernels of a training step of {spec.name}: {e}") from e
-        return Kernels(whole[1][0], 2 * whole[1][1] - whole[2][1], whole[2][1] - whole[1][1],
-                       whole[2][2] - whole[1][2])
+        one, two = whole[1], whole[2]
+        return Kernels(one.launches, 2 * one.bytes - two.bytes, two.bytes - one.bytes, two.unaligned - one.unaligned)
 
-    def at(b: int, i: int) -> float:
-        one, two = traced[(1, b)][i], traced[(2, b)][i]
+    def at(b: int, field: str) -> float:
+        one, two = (getattr(traced[(n, b)], field) for n in (1, 2))
         return one + (two - one) * (layers - 1)
 
-    per_sample = at(2, 1) - at(1, 1)
-    return Kernels(at(1, 0), at(1, 1) - per_sample, per_sample, at(2, 2) - at(1, 2))
+    per_sample = at(2, "bytes") - at(1, "bytes")
+    return Kernels(at(1, "launches"), at(1, "bytes") - per_sample, per_sample,
+                   at(2, "unaligned") - at(1, "unaligned"))
 
 
 __all__ = ["Kernels", "count"]
