@@ -4,8 +4,9 @@
 
 Each setup (an index into validate.SETUPS, hN for validate.HELD_OUT[N], gN for validate.HELD_OUT_2[N],
 kN for validate.HELD_OUT_4[N], sN for validate.HELD_OUT_6[N], tN for validate.HELD_OUT_7[N], uN for
-validate.HELD_OUT_8[N], cN for the chapter's run N on a T4; under its `gpu` emulation where it names one)
-runs as in validate.py, under
+validate.HELD_OUT_8[N], wN for validate.HELD_OUT_12[N], cN for the chapter's run N on a T4; under its `gpu`
+emulation where it names one) runs as in validate.py (STEPS=6 for the six steps of the held-out sets from
+held-out 4 on; default 3), under
 `torch.cuda.memory._record_memory_history`; the trace keeps, per event, its action (alloc,
 free_completed, segment_alloc, ...), size and address. The estimator's allocator replay
 (trainmem.estimator.allocator) is checked against these: replaying the real alloc/free sequence must give
@@ -22,7 +23,7 @@ import os
 import sys
 import time
 
-from validate import HELD_OUT, HELD_OUT_2, HELD_OUT_4, HELD_OUT_6, HELD_OUT_7, HELD_OUT_8, MODELS, SETUPS
+from validate import HELD_OUT, HELD_OUT_2, HELD_OUT_4, HELD_OUT_6, HELD_OUT_7, HELD_OUT_8, HELD_OUT_12, MODELS, SETUPS
 
 from trainmem.chapter import RUNS
 
@@ -48,14 +49,16 @@ def main(out_dir: str, indices: list[str]) -> int:
     os.makedirs(out_dir, exist_ok=True)
     traces = []
     for i in indices:
-        sets = {"h": HELD_OUT, "g": HELD_OUT_2, "k": HELD_OUT_4, "s": HELD_OUT_6, "t": HELD_OUT_7, "u": HELD_OUT_8, "c": CHAPTER_T4}
+        sets = {"h": HELD_OUT, "g": HELD_OUT_2, "k": HELD_OUT_4, "s": HELD_OUT_6, "t": HELD_OUT_7, "u": HELD_OUT_8,
+                "w": HELD_OUT_12, "c": CHAPTER_T4}
         arch, kw = sets[i[0]][int(i[1:])] if i[0] in sets else SETUPS[int(i)]
         gc.collect()
         torch.cuda.empty_cache()
         t0 = time.time()
         torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python", max_entries=3_000_000)
         start = torch.cuda.memory._snapshot()["segments"]
-        r = execute(trainmem.ModelSpec.resolve(MODELS[arch]), trainmem.TrainSetup(**{"steps": 3, **kw}))
+        steps = int(os.environ.get("STEPS", 3))
+        r = execute(trainmem.ModelSpec.resolve(MODELS[arch]), trainmem.TrainSetup(**{"steps": steps, **kw}))
         snap = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(enabled=None)
         events = [(e["action"], e.get("addr", 0), e["size"], e.get("stream", 0), _where(e)) for e in snap["device_traces"][0]]

@@ -2,7 +2,7 @@
 
     python benchmarks/trace_compare.py TRACES.json.gz [INDEX ...]   # anywhere: no GPU needed
 
-For each trace of `allocator_trace.py` (validate.py's held-out rows sN, tN, uN), two replays through
+For each trace of `allocator_trace.py` (validate.py's held-out rows sN, tN, uN, wN), two replays through
 `trainmem.estimator.allocator` under the row's cap: the real alloc/free sequence (with `empty_cache` where the
 driver got segments back), and the simulate method's own ledger for the same setup, replayed as the estimate
 does (its last step repeated until the allocator settles). Each ends at its first
@@ -18,7 +18,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from validate import HELD_OUT_6, HELD_OUT_7, HELD_OUT_8, MODELS
+from validate import HELD_OUT_6, HELD_OUT_7, HELD_OUT_8, HELD_OUT_12, MODELS
 
 import trainmem
 from trainmem.estimator.allocator import AllocatorOOM, CachingAllocator, replay_steps, trace_events
@@ -26,7 +26,7 @@ from trainmem.estimator.simulate import model_builder, simulate_step, steady_sta
 from trainmem.gpus import find_gpu
 
 GiB = 2**30
-SETS = {"s": HELD_OUT_6, "t": HELD_OUT_7, "u": HELD_OUT_8}
+SETS = {"s": HELD_OUT_6, "t": HELD_OUT_7, "u": HELD_OUT_8, "w": HELD_OUT_12}
 
 
 def _outcome(a: CachingAllocator, failed: int | None) -> str:
