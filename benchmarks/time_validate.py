@@ -49,7 +49,10 @@ FIT_FILES = [os.path.join(HERE, "..", "docs", "data", f) for f in (
     "sweep-chapter-t4-emulated-h200-2026-12-03.jsonl", "sweep-chapter-t4-emulated-h200-2026-12-04.jsonl",
     # reported at the fourth and fifth changes' constants before any change (docs/time-model.md, held-out 9):
     # in-sample from the sixth change on
-    "validation-held-out-11-h200-2026-12-04.jsonl", "validation-held-out-11-rows-14-29-h200-2026-12-05.jsonl")]
+    "validation-held-out-11-h200-2026-12-04.jsonl", "validation-held-out-11-rows-14-29-h200-2026-12-05.jsonl",
+    # reported at the sixth change's constants before any change (docs/time-model.md, held-out 10): in-sample
+    # from the seventh change on
+    "validation-held-out-12-h200-2026-12-05.jsonl")]
 """The calibration data: the H200 measurement files committed before the time model existed (every one of
 their rows with a step time, see `rows`), and since the 2026-12-04 change the step-time model's two former
 held-out sets: `validation-held-out-4-h200-2026-12-03.jsonl` (memory's held-out 4, measured 2026-12-03, the
@@ -65,7 +68,8 @@ and 7 there) with the fourth change, with the chapter's two emulated-T4 sweeps. 
 new held-out file stays held out when it is committed next to them. Since the fourth change only their rows
 timed over several steps (`step_time_median_s`) are fitted (`timed`). Memory's held-out 11 (both files: rows 0-15
 measured 2026-12-04, rows 14-29 on 2026-12-05) was reported at the fourth and fifth changes' constants (held-out
-9 in docs/time-model.md) and joined the fit with the sixth change."""
+9 in docs/time-model.md) and joined the fit with the sixth change; held-out 12 (measured 2026-12-05, held-out 10
+there) with the seventh."""
 
 STEPS = 8
 """Steps per held-out run: 2 probed, then 6 timed (median of >= 4 steady steps)."""
@@ -248,7 +252,7 @@ def _fit_rows(data: list[dict[str, Any]], start: dict[str, float] | None = None,
     def loss(x: list[float]) -> float:
         for n, v in zip(names, x):
             setattr(timing, n, math.exp(v))
-        if timing.EFF_MATMUL > 1 or timing.EFF_BANDWIDTH > 1:
+        if timing.EFF_MATMUL > 1 or timing.EFF_BANDWIDTH > 1 or timing.EFF_FLASH > 1 or timing.EFF_EFFICIENT > 1:
             return 1e9
         return sum(math.log(timing.step_time(w, h200).step_s / m) ** 2 for w, m in works) / len(works)
 

@@ -27,7 +27,8 @@ def _step(model: str, card: str = "H200", **kw) -> float:
 
 def test_forward_flops_are_two_per_matmul_weight_per_token():
     """tiny-llama (untied head): 2 layers x (q 64x64, k 32x64, v 32x64, o 64x64, gate/up 176x64, down 64x176)
-    + the 1024 x 64 head; embeddings are lookups. Attention: 4 s x width per token and layer, halved (causal)."""
+    + the 1024 x 64 head; embeddings are lookups. Attention: 4 s x width per token and layer, halved (causal
+    flash)."""
     per_layer = 64 * 64 + 32 * 64 + 32 * 64 + 64 * 64 + 3 * 176 * 64
     matmul = 2 * per_layer + 1024 * 64
     w = _work("tiny-llama", TrainSetup(batch_size=2, seq_len=32, precision="bf16"))
@@ -63,11 +64,49 @@ def test_kernel_counts_extrapolated_from_one_and_two_layers_match_the_whole_mode
     setup = TrainSetup(batch_size=3, seq_len=32, **kw).validate(spec).resolved(spec)
     precision = setup.resolved_precision(spec, "cuda")
     counted = kernels.count(spec, setup, precision, CATALOG["H200"])
-    launches, moved, unaligned = kernels._trace(spec, setup, precision, CATALOG["H200"])
-    assert counted.launches == pytest.approx(launches, rel=0.02)
-    assert counted.bytes(3) == pytest.approx(moved, rel=0.01)
+    whole = kernels._trace(spec, setup, precision, CATALOG["H200"])
+    assert counted.launches == pytest.approx(whole.launches, rel=0.02)
+    assert counted.bytes(3) == pytest.approx(whole.bytes, rel=0.01)
     # (abs: the rotary embedding's s x 1 @ 1 x s outer product, 2 s^2 FLOPs whatever the batch, is not extrapolated)
-    assert counted.unaligned(3) == pytest.approx(unaligned, rel=0.01, abs=1e6)
+    assert counted.unaligned(3) == pytest.approx(whole.unaligned, rel=0.01, abs=1e6)
+    assert counted.attention(3) == pytest.approx(whole.attention, rel=1e-9)
+
+
+def _attention(model: str, seq_len: int, **kw: object) -> dict[str, float]:
+    """Attention's FLOPs per sequence by kernel, in units of one layer's forward scores and values unmasked
+    (4 s^2 x width), summed over the layers."""
+    spec = ModelSpec.resolve(model)
+    cfg = spec.hf_config()
+    width = cfg.num_attention_heads * (getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    setup = TrainSetup(batch_size=1, seq_len=seq_len, **kw)
+    counted = kernels.count(spec, setup, setup.precision, CATALOG["H200"])
+    return {k: v / (4 * seq_len**2 * width) for k, v in counted.attention(1).items()}
+
+
+def test_attention_is_counted_per_call_with_the_kernel_cuda_picks():
+    """Flash skips a causal product's masked half (forward 0.5, backward 1.0 per layer); a checkpointed layer
+    runs its forward twice; the math path (eager attention; grouped heads in fp32) computes the whole product."""
+    assert _attention("tiny-llama", 32, precision="bf16") == {"flash-half": 2 * 1.5}
+    assert _attention("tiny-llama", 32, precision="bf16", checkpointing=True) == {"flash-half": 2 * 2.0}
+    assert _attention("tiny-llama", 32, precision="bf16", attention="eager") == {"math-half": 2 * 3.0}
+    assert _attention("tiny-llama", 32, precision="fp32") == {"math-fp32": 2 * 3.0}  # 2 KV heads for 4
+
+
+def test_a_sliding_window_runs_the_memory_efficient_kernel_over_the_whole_product():
+    """Gemma-3's sliding layers (window 512; 22 of its 26 layers) get an explicit mask beyond 512 tokens:
+    flash takes none, so CUDA runs the memory-efficient kernel, which skips no block. Its full-attention layers
+    stay on flash. At 256 tokens transformers leaves the mask out and every layer runs flash."""
+    types = ModelSpec.resolve("gemma-3-1b").hf_config().layer_types
+    sliding, full = types.count("sliding_attention"), types.count("full_attention")
+    assert (sliding, full) == (22, 4)
+    assert _attention("gemma-3-1b", 1024, precision="bf16") == pytest.approx(
+        {"efficient-half": 3.0 * sliding, "flash-half": 1.5 * full})
+    assert _attention("gemma-3-1b", 256, precision="bf16") == pytest.approx({"flash-half": 1.5 * 26})
+    # extrapolated by layer type, as a trace of the whole model counts it
+    spec = ModelSpec.resolve("gemma-3-1b")
+    setup = TrainSetup(batch_size=1, seq_len=1024, precision="bf16").resolved(spec)
+    whole = kernels._trace(spec, setup, "bf16", CATALOG["H200"]).attention
+    assert kernels.count(spec, setup, "bf16", CATALOG["H200"]).attention(1) == pytest.approx(whole, rel=1e-9)
 
 
 def test_checkpointing_launches_the_layers_forward_again():

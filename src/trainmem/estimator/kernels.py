@@ -42,6 +42,7 @@ from . import autocast
 
 _A = torch.ops.aten
 _MATMULS = {_A.mm.default, _A.addmm.default, _A.bmm.default, _A.baddbmm.default}
+_BATCHED = {_A.bmm.default, _A.baddbmm.default}
 _NO_KERNEL = {_A._unsafe_view.default, _A.detach.default, _A.alias.default, _A.lift_fresh.default,
               _A.empty.memory_format, _A.empty_strided.default, _A.empty_like.default, _A.new_empty.default,
               _A.new_empty_strided.default}
@@ -64,11 +65,21 @@ class Kernels:
     (GPT-2's vocabulary of 50257, a vocabulary grown by one added token): cuBLAS cannot run them on its
     fastest tensor-core kernels (`timing.UNALIGNED_SLOWDOWN`)."""
 
+    attention_per_sample: dict[str, float] = dataclasses.field(default_factory=dict)
+    """FLOPs per sequence of attention's scores and values, forward, recompute and backward, by the kernel that
+    runs them (`flash-half`, `efficient-half`, `efficient-fp32`, `math-half`, `math-fp32`). Which kernel CUDA
+    picks is decided per call, as the simulate method decides it (`simulate.sdpa_kernel`): a sliding window's
+    mask rules flash out for that layer, and a fused kernel skips the masked half of a causal product but no
+    block of an explicit mask. The math path (eager attention, grouped heads in fp32) is its batched products."""
+
     def bytes(self, batch: int) -> float:
         return self.bytes_fixed + self.bytes_per_sample * batch
 
     def unaligned(self, batch: int) -> float:
         return self.unaligned_per_sample * batch
+
+    def attention(self, batch: int) -> dict[str, float]:
+        return {k: v * batch for k, v in self.attention_per_sample.items()}
 
 
 class _Count(TorchDispatchMode):
@@ -77,6 +88,7 @@ class _Count(TorchDispatchMode):
         self.launches = 0
         self.bytes = 0
         self.unaligned = 0
+        self.attention: Counter[str] = Counter()
         self.casting = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
@@ -91,11 +103,13 @@ class _Count(TorchDispatchMode):
         if func not in _MATMULS:
             self.bytes += sum(t.numel() * t.element_size() for t in tree_leaves((args, kwargs, out))
                               if isinstance(t, torch.Tensor))
-        elif out.dtype in (torch.float16, torch.bfloat16):
+        else:
             a, b = args[:2] if func in (_A.mm.default, _A.bmm.default) else args[1:3]  # addmm: (bias, a, b)
-            dims = (a.shape[-2], a.shape[-1], b.shape[-1])
-            if any(d % 8 for d in dims):
+            half = out.dtype in (torch.float16, torch.bfloat16)
+            if half and any(d % 8 for d in (a.shape[-2], a.shape[-1], b.shape[-1])):
                 self.unaligned += 2 * out.numel() * a.shape[-1]
+            if func in _BATCHED and a.shape[-1] > 1:  # attention's math path, not rotary's outer product
+                self.attention["math-half" if half else "math-fp32"] += 2 * out.numel() * a.shape[-1]
         return out
 
 
@@ -129,13 +143,16 @@ class _StandIns:
     launch forward and two backward (FlashAttention-2's preprocessing and main kernel), its bytes part of its
     FLOP time (`timing.EFF_FLASH`). Installed inside `simulate.cuda_choices`, around its stand-ins."""
 
-    def __init__(self, count: _Count):
+    def __init__(self, count: _Count, flash: bool):
         self.count = count
+        self.flash = flash
 
     def __enter__(self) -> None:
+        from .simulate import sdpa_call, sdpa_kernel
+
         F = torch.nn.functional
         self.saved = (F.dropout, F.scaled_dot_product_attention)
-        dropout, sdpa, count = F.dropout, F.scaled_dot_product_attention, self.count
+        dropout, sdpa, count, flash = F.dropout, F.scaled_dot_product_attention, self.count, self.flash
 
         def counted_dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
             if training and p > 0:
@@ -143,9 +160,25 @@ class _StandIns:
                 count.bytes += x.numel() * (5 * x.element_size() + 2)
             return dropout(x, p, training, inplace)
 
-        def counted_sdpa(*args: Any, **kwargs: Any) -> Any:
+        def counted_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any,
+                         **kwargs: Any) -> Any:
+            dtype, grouped, mask = sdpa_call(query, key, args, kwargs)
+            kernel = sdpa_kernel(dtype, grouped, mask, flash)
+            out = sdpa(query, key, value, *args, **kwargs)
+            if kernel == "math":  # its operators, products included, are counted as they run
+                return out
             count.launches += 3
-            return sdpa(*args, **kwargs)
+            # scores and values, 2 s_q s_k (d_qk + d_v) per head, halved where the kernel skips a causal
+            # product's masked blocks; backward is twice that, counted once the gradient reaches the call (a
+            # checkpointed layer's recomputed call is forward work only)
+            b, h, sq, d = query.shape
+            fused = f"{kernel}-{'half' if dtype in (torch.float16, torch.bfloat16) else 'fp32'}"
+            flops = 2 * b * h * sq * key.shape[-2] * (d + value.shape[-1])
+            flops /= 2 if kwargs.get("is_causal") and mask is None else 1
+            count.attention[fused] += flops
+            if out.requires_grad:
+                out.register_hook(lambda grad: count.attention.update({fused: 2 * flops}))
+            return out
 
         F.dropout, F.scaled_dot_product_attention = counted_dropout, counted_sdpa
 
@@ -158,11 +191,14 @@ def _layers_key(spec: ModelSpec) -> str:
     return "n_layer" if "n_layer" in spec.config and "num_hidden_layers" not in spec.config else "num_hidden_layers"
 
 
-def _cut(spec: ModelSpec, layers: int) -> ModelSpec:
-    """`spec` with its first `layers` decoder layers only (per-layer lists of the config cut to match)."""
+def _cut(spec: ModelSpec, layers: int, layer_type: str | None = None) -> ModelSpec:
+    """`spec` with its first `layers` decoder layers only (per-layer lists of the config cut to match), or
+    with `layers` of one `layer_type` (`sliding_attention`, `full_attention`)."""
     config = dict(spec.config)
     config[_layers_key(spec)] = layers
-    if isinstance(config.get("layer_types"), list):
+    if layer_type:
+        config["layer_types"] = [layer_type] * layers
+    elif isinstance(config.get("layer_types"), list):
         config["layer_types"] = config["layer_types"][:layers]
     return dataclasses.replace(spec, name=f"{spec.name} [{layers} layers]", config=config)
 
@@ -173,6 +209,7 @@ class _Traced(NamedTuple):
     launches: int
     bytes: int
     unaligned: int
+    attention: dict[str, float]
 
 
 def _trace(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU) -> _Traced:
@@ -185,11 +222,11 @@ def _trace(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU) -> _Tr
     train_mode(model, setup, amp)
     ids = torch.zeros((setup.batch_size, setup.seq_len), dtype=torch.long, device="meta")
     count = _Count()
-    with cuda_choices(setup.attention, card.flash), _StandIns(count), _Casts(count), count:
+    with cuda_choices(setup.attention, card.flash), _StandIns(count, card.flash), _Casts(count), count:
         with autocast.region(amp):
             loss = micro_batch_loss(model, {"input_ids": ids, "labels": ids}, setup.batch_size * setup.seq_len)
         loss.backward()
-    return _Traced(count.launches, count.bytes, count.unaligned)
+    return _Traced(count.launches, count.bytes, count.unaligned, dict(count.attention))
 
 
 _CACHE: dict[tuple, Kernels] = {}
@@ -220,7 +257,8 @@ def _extrapolated(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU)
         except Exception as e:
             raise ValueError(f"cannot count the kernels of a training step of {spec.name}: {e}") from e
         one, two = whole[1], whole[2]
-        return Kernels(one.launches, 2 * one.bytes - two.bytes, two.bytes - one.bytes, two.unaligned - one.unaligned)
+        return Kernels(one.launches, 2 * one.bytes - two.bytes, two.bytes - one.bytes, two.unaligned - one.unaligned,
+                       one.attention)
 
     def at(b: int, field: str) -> float:
         one, two = (getattr(traced[(n, b)], field) for n in (1, 2))
@@ -228,7 +266,27 @@ def _extrapolated(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU)
 
     per_sample = at(2, "bytes") - at(1, "bytes")
     return Kernels(at(1, "launches"), at(1, "bytes") - per_sample, per_sample,
-                   at(2, "unaligned") - at(1, "unaligned"))
+                   at(2, "unaligned") - at(1, "unaligned"), _attention(spec, setup, precision, card, traced))
 
 
+def _attention(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU,
+               traced: dict[tuple[int, int], _Traced]) -> dict[str, float]:
+    """Attention's FLOPs per sequence at full depth, extrapolated from the cut models at micro-batch 1 as the
+    launches are (the first layer differs: under LoRA or QLoRA its input needs no gradient, so neither does
+    a frozen k), but by layer type where the config gives each layer one (Gemma's sliding and full layers,
+    whose kernels differ): the cut models hold only the first layers' types, so each type gets its own."""
+    hf = spec.hf_config()  # layer types given in the config or derived by transformers (Gemma-3's pattern)
+    types, layers = getattr(hf, "layer_types", None), int(hf.num_hidden_layers)
+    one, two = traced[(1, 1)].attention, traced[(2, 1)].attention
+    if not isinstance(types, list) or len(set(types)) < 2:
+        return {k: one.get(k, 0) + (two.get(k, 0) - one.get(k, 0)) * (layers - 1) for k in {*one, *two}}
+    out: Counter[str] = Counter(one)  # the first layer, of the first type
+    single = setup.replace(batch_size=1)
+    for kind, n in Counter(types[:layers]).items():
+        n -= kind == types[0]
+        if n:
+            first = one if kind == types[0] else _trace(_cut(spec, 1, kind), single, precision, card).attention
+            pair = _trace(_cut(spec, 2, kind), single, precision, card).attention
+            out.update({k: n * (pair.get(k, 0) - first.get(k, 0)) for k in {*first, *pair}})
+    return dict(out)
 __all__ = ["Kernels", "count"]

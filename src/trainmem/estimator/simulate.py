@@ -88,24 +88,39 @@ def _dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bo
 _MATH_SDPA = torch.nn.functional.scaled_dot_product_attention
 
 
+def sdpa_kernel(dtype: torch.dtype, grouped: bool, mask: Any, flash: bool) -> str:
+    """CUDA's choice among its SDPA kernels: `flash` for half precision on sm80+ with no mask; the
+    memory-efficient kernel (`efficient`) for fp32, for a boolean mask (sliding windows, padding: flash takes
+    none) and, on cards without flash (sm70, sm75), every dtype. That kernel takes no grouped KV heads in
+    fp32 or without flash, so those fall back to the `math` path. `dtype` is q's as the kernel gets it: under
+    autocast the lower precision (autocast_mode.h lists SDPA)."""
+    if grouped and (dtype == torch.float32 or not flash):
+        return "math"
+    return "flash" if flash and mask is None and dtype in (torch.float16, torch.bfloat16) else "efficient"
+
+
+def sdpa_call(query: torch.Tensor, key: torch.Tensor, args: tuple, kwargs: dict) -> tuple[torch.dtype, bool, Any]:
+    """(q's dtype as the kernel gets it, grouped KV heads, the mask) of an SDPA call, for `sdpa_kernel`."""
+    region = autocast.active()
+    dtype = region.dtype if region is not None and query.is_floating_point() else query.dtype
+    grouped = bool(kwargs.get("enable_gqa")) and key.shape[-3] != query.shape[-3]
+    return dtype, grouped, kwargs.get("attn_mask", args[0] if args else None)
+
+
 def _fused_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, flash: bool = True,
                 **kwargs: Any) -> torch.Tensor:
-    """CUDA's choice among its SDPA kernels, with their memory: flash for half precision on sm80+; the
-    memory-efficient kernel for fp32 and, on cards without flash (sm70, sm75), every dtype. That kernel
-    takes no grouped KV heads, so those setups fall back to the math path (its attention matrix is saved)."""
-    # under autocast SDPA runs in the lower precision (autocast_mode.h lists it): cast before choosing
+    """CUDA's SDPA kernel (`sdpa_kernel`) with its memory; the math path's attention matrix is saved."""
+    dtype, grouped, mask = sdpa_call(query, key, args, kwargs)
     region = autocast.active()
     if region is not None:
         query, key, value = (region.cast(t, region.dtype) for t in (query, key, value))
-    gqa = kwargs.get("enable_gqa") and key.shape[-3] != query.shape[-3]
-    if gqa and (query.dtype == torch.float32 or not flash):
+    kernel = sdpa_kernel(dtype, grouped, mask, flash)
+    if kernel == "math":
         return _MATH_SDPA(query, key, value, *args, **kwargs)
-    # a boolean mask (sliding windows, padding) rules flash out: the memory-efficient kernel takes it as an
-    # additive bias in q's dtype, converted per call and saved for backward
-    mask = kwargs.get("attn_mask", args[0] if args else None)
+    # the memory-efficient kernel takes a boolean mask as an additive bias in q's dtype, converted per call
+    # and saved for backward
     bias = query.new_empty(mask.shape) if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool else None
-    uses_flash = flash and mask is None and query.dtype in (torch.float16, torch.bfloat16)
-    return _FlashSDPA.apply(query, key, value, bias, uses_flash)
+    return _FlashSDPA.apply(query, key, value, bias, kernel == "flash")
 
 
 @contextlib.contextmanager

@@ -8,8 +8,9 @@ counts the batch's tokens, so micro-steps do not overlap each other); the optimi
 - the card's time: matmul FLOPs over the card's peak dense throughput for the matmul dtype times
   `EFF_MATMUL` or `EFF_FP32` (half-precision products with a dimension not a multiple of 8 counted
   `UNALIGNED_SLOWDOWN` times; or, where a micro-step has so few tokens that reading the weights takes longer,
-  the weights' bytes: a roofline), attention's at `EFF_FLASH` or, in fp32, `EFF_ATTENTION_FP32`, plus the
-  bytes that memory-bound kernels move over its bandwidth times `EFF_BANDWIDTH`: the bytes every non-matmul kernel of the step reads and writes, counted on the meta device
+  the weights' bytes: a roofline), attention's at `EFF_FLASH` or `EFF_EFFICIENT` by the kernel each call gets
+  (in fp32 scaled by `EFF_ATTENTION_FP32`), plus the bytes that memory-bound kernels move over its bandwidth
+  times `EFF_BANDWIDTH`: the bytes every non-matmul kernel of the step reads and writes, counted on the meta device
   (`kernels.count`: norms, activations, the loss, LoRA's dropout and scaling, autocast's and 4-bit Linears'
   casts, the math attention path's softmax), 4-bit dequantization, gradient accumulation and the optimizer
   update; bitsandbytes' 8-bit AdamW's bytes at its own, much lower, achieved bandwidth `EFF_8BIT`;
@@ -18,10 +19,13 @@ counts the batch's tokens, so micro-steps do not overlap each other); the optimi
   Linear call for bitsandbytes' Python-level dequantize-and-matmul, and per-tensor optimizers' Python loop,
   `HOST_PER_TENSOR` per trainable tensor.
 
-FLOPs per token (Kaplan et al. 2020; Narayanan et al. 2021, eq. 3): forward 2 per matmul weight + the
-attention scores and values' 4 s x width per layer (half of it under the causal fused kernel); backward
+FLOPs per token (Kaplan et al. 2020; Narayanan et al. 2021, eq. 3): forward 2 per matmul weight; backward
 twice the forward for weights that train (input and weight gradients), once for frozen ones (the input
 gradient only: LoRA's and QLoRA's base); checkpointing adds one more forward of the decoder layers.
+Attention's scores and values (4 s x width per token and layer, forward) are counted per call on the meta
+trace with the kernel CUDA picks for that call (`kernels.Kernels.attention`): a fused kernel skips the masked
+half of a causal product, but not under an explicit mask such as a sliding window's, which also rules flash
+out (Gemma-2 beyond 4096 tokens, Gemma-3 beyond 512).
 Offload (ZeRO/FSDP) adds its PCIe transfers; communication between GPUs is not modelled.
 
 The constants are fitted to the H200 step times committed in docs/data (`benchmarks/time_validate.py fit`
@@ -44,38 +48,47 @@ from . import kernels
 from .states import Inventory
 
 # --- fitted on the H200 (benchmarks/time_validate.py fit; docs/time-model.md) ------------------------------
-EFF_MATMUL = 0.6031
+EFF_MATMUL = 0.6300
 """Achieved fraction of the card's peak dense half-precision (tensor-core) matmul throughput."""
-EFF_FP32 = 0.7545
+EFF_FP32 = 0.7407
 """Achieved fraction of the card's peak plain-fp32 throughput in the weights' fp32 matmuls (CUDA cores, no TF32):
 large, well-shaped products, unlike attention's (`EFF_ATTENTION_FP32`)."""
-EFF_ATTENTION_FP32 = 0.4447
+EFF_ATTENTION_FP32 = 0.4411
 """Achieved fraction of the card's peak plain-fp32 throughput in fp32 attention: the math path's batched
 matmuls, whose inner dimension is the head's 64-128 (the scores) or whose operands are the s x s
 probabilities, and the memory-efficient kernel's fp32 path. It runs in fp32 runs and under QLoRA, whose
 4-bit Linears cast q, k and v back to the fp32 residual stream. Fitted apart from `EFF_FP32` since the fifth
 change: one figure for both left the fp32 rows 5-32% too slow and the long QLoRA rows 14-26% too fast."""
-EFF_FLASH = 0.7021
+EFF_FLASH = 0.6197
 """Achieved fraction of peak of the flash attention kernel, forward and backward together. An effective figure,
 not a kernel's: FlashAttention-2 reaches up to 225 of the A100's 312 dense TFLOPS but about 335 of the
 H100's 989 (Dao 2023, arXiv 2307.08691), and the fit on the H200 rows lands far above the latter, so it
-also absorbs what the model miscounts around attention at long sequences; it moved from 0.37 to 0.61, 0.74
-and 0.70 over the last four structures, a sign that the H200 rows determine it weakly."""
-EFF_BANDWIDTH = 0.7343
+also absorbs what the model miscounts around attention at long sequences; it moved from 0.37 to 0.61, 0.74,
+0.70 and 0.62 over the last five structures, a sign that the H200 rows determine it weakly (before the seventh
+change it also stood for the memory-efficient kernel, at half its value, and a sliding window's layers were
+timed as flash)."""
+EFF_EFFICIENT = 0.5416
+"""Achieved fraction of peak of the memory-efficient SDPA kernel (xformers' cutlass kernel) in half precision,
+forward and backward together: what CUDA runs under an explicit mask (a sliding window's: Gemma-2 beyond 4096
+tokens, Gemma-3 beyond 512, Mistral from 4096) or where a card has no flash. Fitted apart from `EFF_FLASH`
+since the seventh change; before, it was half of it (the FlashAttention-2 paper's comparison with xformers).
+In fp32 both fused kernels run at `EFF_ATTENTION_FP32`'s share of it."""
+EFF_BANDWIDTH = 0.7089
 """Achieved fraction of the card's peak memory bandwidth in elementwise and optimizer kernels."""
-HOST_PER_KERNEL = 31.59e-6
+HOST_PER_KERNEL = 31.04e-6
 """Host seconds per kernel launched (`kernels.count`): Python, the dispatcher and autograd around each."""
-QLORA_OPS = 13.29
+QLORA_OPS = 14.59
 """Kernel launches' worth of host time a bitsandbytes 4-bit Linear call costs beyond what the stand-in shows
 (quantization state, dequantize, its Python autograd function)."""
-HOST_PER_TENSOR = 82.4e-6
+HOST_PER_TENSOR = 74.09e-6
 """Host seconds per trainable tensor of a per-tensor optimizer step (bitsandbytes 8-bit, Adafactor)."""
-EFF_8BIT = 0.0772
+EFF_8BIT = 0.07314
 """Achieved fraction of the card's peak bandwidth of bitsandbytes' blockwise 8-bit AdamW kernel over the
 bytes it moves (`BYTES_8BIT`): each element's two states are dequantized through the 256-entry dynamic map
 and re-quantized by searching it, with a per-block absmax reduction, so the kernel is bound by that work,
 not by its few bytes (the 8B full-weight 8-bit rows take ~0.3 s per step in the update alone)."""
-FITTED = ("EFF_MATMUL", "EFF_FP32", "EFF_ATTENTION_FP32", "EFF_FLASH", "EFF_BANDWIDTH", "HOST_PER_KERNEL",
+FITTED = ("EFF_MATMUL", "EFF_FP32", "EFF_ATTENTION_FP32", "EFF_FLASH", "EFF_EFFICIENT", "EFF_BANDWIDTH",
+          "HOST_PER_KERNEL",
           "QLORA_OPS", "HOST_PER_TENSOR", "EFF_8BIT")
 
 # --- derived, not fitted -------------------------------------------------------------------------------------
@@ -93,9 +106,6 @@ torch ops per tensor): host launches per trainable tensor. torch's foreach and f
 every tensor in a few launches."""
 DEQUANT_BYTES = 4.5
 """Bytes per 4-bit weight per dequantization: 0.5 read, 2 written as half, 2 read back by the matmul."""
-EFFICIENT_OVER_FLASH = 0.5
-"""The memory-efficient kernel (xformers' cutlass kernel) runs at about half flash's speed (same paper's
-comparison with xformers). The math path runs as ordinary matmuls (`EFF_MATMUL`, `EFF_FP32`)."""
 UNALIGNED_SLOWDOWN = {"Hopper": 5.9, "other": 2.0}
 """How many times longer a half-precision matmul with a dimension that is not a multiple of 8 takes than an
 aligned one of the same FLOPs: cuBLAS cannot run it on its 16-byte-aligned tensor-core kernels (NVIDIA's
@@ -126,10 +136,9 @@ class Workload:
     first three in half-precision matmuls with a dimension not a multiple of 8 (`UNALIGNED_SLOWDOWN`)."""
     half: bool
     """Weight matmuls run in fp16/bf16 (pure half, autocast, QLoRA's compute dtype), else fp32."""
-    attention_kernel: str
-    """`flash`, `efficient` or `math` (see `attention_kernel`)."""
-    attention_half: bool
-    """The attention kernels run in fp16/bf16 (fp32 in fp32 and under QLoRA)."""
+    attention: dict[str, float]
+    """Attention's FLOPs per micro-step by the kernel and precision that run them (`kernels.Kernels.attention`:
+    `flash-half`, `efficient-half`, `efficient-fp32`, `math-half`, `math-fp32`); their sum is `flops`'s."""
     micro_bytes: dict[str, float]
     """Bytes moved by memory-bound kernels per micro-step, by cause."""
     step_bytes: dict[str, float]
@@ -185,10 +194,7 @@ def workload(spec: ModelSpec, inv: Inventory, setup: TrainSetup, precision: str,
     """Count one step of `setup` on `spec`'s model, whose parameters `inv` lists (see the module docstring)."""
     base, embeddings, head_name = _structure(inv.model)
     cfg = base.config
-    layers = int(getattr(cfg, "num_hidden_layers", None) or cfg.n_layer)
     hidden = int(getattr(cfg, "hidden_size", None) or cfg.n_embd)
-    heads = int(getattr(cfg, "num_attention_heads", None) or cfg.n_head)
-    width = heads * int(getattr(cfg, "head_dim", None) or hidden // heads)
     vocab = int(cfg.vocab_size)
     b, s, accum = setup.batch_size, setup.seq_len, setup.grad_accum
     tokens = b * s
@@ -216,11 +222,9 @@ def workload(spec: ModelSpec, inv: Inventory, setup: TrainSetup, precision: str,
     bwd = 2 * block_frozen + 4 * block_train + (4 if head_train else 2) * head_params
     rec = ck * 2 * (block_frozen + block_train)
     flops = {"forward": tokens * fwd, "backward": tokens * bwd, "recompute": tokens * rec}
-    kernel, attn_half = attention_kernel(inv, setup, precision, card)
-    # scores and values: 2 matmuls of s x width per token per layer, forward; backward twice that
-    attn = 4 * s * width * layers * tokens * (0.5 if kernel != "math" else 1.0) * (1 + 2 + ck)
-    flops["attention"] = attn
     counted = kernels.count(spec, setup, precision, card)
+    attention = counted.attention(b)  # counted per call, with the kernel CUDA picks for it
+    flops["attention"] = sum(attention.values())
     flops["unaligned"] = counted.unaligned(b)  # part of forward, backward and recompute
     half = precision != "fp32" or setup.peft == "qlora"
     weight_bytes = sum(p.numel * p.bytes_per for p in inv.params
@@ -251,25 +255,8 @@ def workload(spec: ModelSpec, inv: Inventory, setup: TrainSetup, precision: str,
 
     quant_calls = sum(1 for p in inv.params if p.quantized) * (2 + ck)
     step_ops = PER_TENSOR_OPTIMIZERS.get(setup.optimizer, 0.0) * len(train_elems)
-    return Workload(tokens * accum, accum, flops, half, kernel, attn_half, micro_bytes, {"optimizer": update}, pcie,
+    return Workload(tokens * accum, accum, flops, half, attention, micro_bytes, {"optimizer": update}, pcie,
                     counted.launches, quant_calls, step_ops, update_8bit)
-
-
-def attention_kernel(inv: Inventory, setup: TrainSetup, precision: str, card: GPU) -> tuple[str, bool]:
-    """(`flash`, `efficient` or `math`, whether q, k, v are half) as CUDA picks for this setup on `card`:
-    q, k, v are fp32 in fp32 and under QLoRA (each 4-bit Linear casts its output back to the fp32 residual
-    stream); no fused kernel takes fp32 with grouped KV heads, nor eager attention (simulate.py's choices)."""
-    half = precision != "fp32" and setup.peft != "qlora"
-    dtype = ("bf16" if "bf16" in precision else "fp16") if half else "fp32"
-    if setup.attention == "eager":
-        return "math", half
-    cfg = (inv.model.get_base_model() if hasattr(inv.model, "get_base_model") else inv.model).config
-    heads = int(getattr(cfg, "num_attention_heads", None) or cfg.n_head)
-    grouped = int(getattr(cfg, "num_key_value_heads", None) or heads) != heads
-    kernel = card.sdpa_kernel(dtype)
-    if kernel == "none" or (grouped and (not half or kernel != "flash")):
-        return "math", half
-    return kernel, half
 
 
 BYTES_8BIT_OPTIMIZERS = ("adamw-8bit", "paged-adamw-8bit")
@@ -289,17 +276,20 @@ def step_time(work: Workload, card: GPU, speed: Speed | None = None, tf32: bool 
     def eff(half: bool) -> float:
         return EFF_MATMUL if half else EFF_FP32
 
-    attention_eff = {"flash": EFF_FLASH, "efficient": EFF_FLASH * EFFICIENT_OVER_FLASH}.get(
-        work.attention_kernel, EFF_MATMUL)
-    if not work.attention_half:  # fp32 attention runs on CUDA cores, fused or not
-        attention_eff *= EFF_ATTENTION_FP32 / EFF_MATMUL
+    def attention_rate(kernel: str) -> float:
+        name, precision = kernel.split("-")
+        eff = {"flash": EFF_FLASH, "efficient": EFF_EFFICIENT}.get(name, EFF_MATMUL)
+        if precision == "fp32":  # fp32 attention runs on CUDA cores, fused or not
+            eff *= EFF_ATTENTION_FP32 / EFF_MATMUL
+        return peak(precision == "half") * eff
+
     slowdown = UNALIGNED_SLOWDOWN["Hopper" if card.sm >= (9, 0) else "other"]
     matmul = ((f["forward"] + f["backward"] + f["recompute"] + (slowdown - 1) * f.get("unaligned", 0.0))
               / (peak(work.half) * eff(work.half)))
     # a matmul reads its weight while it computes: the weights' bytes only count where they take longer
     # than the matmuls' FLOPs (few tokens per micro-step), a roofline over the weight matmuls
     matmul = max(matmul, work.micro_bytes["weights"] / bandwidth)
-    compute = matmul + f["attention"] / (peak(work.attention_half) * attention_eff)
+    compute = matmul + sum(n / attention_rate(k) for k, n in work.attention.items())
     memory = sum(v for k, v in work.micro_bytes.items() if k != "weights") / bandwidth
     host = (work.launches + QLORA_OPS * work.quant_calls) * HOST_PER_KERNEL
     # a smooth maximum: where the two are close, launches still leave gaps on the card
