@@ -14,6 +14,7 @@
     python benchmarks/validate.py held-out-10 OUT_DIR [INDEX ...] # HELD_OUT_10: 30 setups
     python benchmarks/validate.py held-out-11 OUT_DIR [INDEX ...] # HELD_OUT_11: 30 setups, chosen at change 11
     python benchmarks/validate.py held-out-12 OUT_DIR [INDEX ...] # HELD_OUT_12: 12 setups, the time model's sixth change
+    python benchmarks/validate.py held-out-13 OUT_DIR [INDEX ...] # HELD_OUT_13: 12 setups, the time model's seventh change
     python benchmarks/validate.py sharded OUT_DIR [INDEX ...]     # SHARDED: FSDP2 ranks through the fake group
     python benchmarks/validate.py compare JSONL       # anywhere: the error table (docs/estimate-validation.md)
 
@@ -447,6 +448,25 @@ in one device call (about 25 s each), aimed at what the fifth and sixth changes 
 precision, fp32 weights and attention, QLoRA at long sequences) and at the known misses (autocast LoRA on
 Gemma, host-bound small models); memory is judged on them too."""
 
+HELD_OUT_13: list[tuple[str, dict]] = [
+    ("gemma3", dict(precision="bf16", batch_size=2, seq_len=4096)),  # 22 sliding layers on the efficient kernel
+    ("gemma3", dict(precision="amp-bf16", batch_size=2, seq_len=2048, peft="lora", checkpointing=True)),
+    ("gemma2", dict(precision="bf16", batch_size=1, seq_len=6144, peft="lora", checkpointing=True)),  # window 4096
+    ("mistral", dict(precision="bf16", batch_size=1, seq_len=8192, peft="lora", checkpointing=True)),  # window 4096
+    ("phi3", dict(precision="amp-bf16", batch_size=2, seq_len=2048, peft="lora", **ALL)),  # window 2047
+    ("llama3b", dict(precision="bf16", batch_size=1, seq_len=8192, checkpointing=True)),  # flash only, long
+    ("qwen1.5b", dict(precision="bf16", batch_size=4, seq_len=4096, peft="lora", checkpointing=True)),
+    ("olmo2", dict(precision="bf16", batch_size=4, seq_len=1024, attention="eager")),  # the math path in half
+    ("qwen", dict(precision="fp32", batch_size=2, seq_len=2048)),  # grouped heads in fp32: math
+    ("qwen3", dict(precision="amp-bf16", batch_size=8, seq_len=1024, peft="lora")),
+    ("neox", dict(precision="fp16", batch_size=4, seq_len=1024, peft="lora", gpu="T4")),  # no flash on a T4
+    ("neox3.8b", dict(precision="bf16", batch_size=8, seq_len=1024, peft="lora", checkpointing=True)),
+]
+"""The thirteenth held-out set, for the step-time model's seventh change (attention counted per call with the
+kernel CUDA picks, the memory-efficient kernel fitted apart): twelve setups chosen at that change before any
+ran, about 30 s each, aimed at sliding windows (Gemma-2 and -3, Mistral, Phi-3 past their windows), long
+flash and math-path rows, and a T4-emulated row without flash; memory is judged on them too."""
+
 SHARDED: list[tuple[str, dict]] = [
     ("llama", dict(precision="amp-bf16", batch_size=2, seq_len=1024, gpus=2)),
     ("llama", dict(precision="amp-bf16", batch_size=2, seq_len=1024, gpus=8, checkpointing=True)),
@@ -532,7 +552,8 @@ if __name__ == "__main__":
                                                                  for a, kw in SHARDED], "validation-sharded.jsonl"))
     six_steps = {"held-out-4": HELD_OUT_4, "held-out-5": HELD_OUT_5, "held-out-6": HELD_OUT_6,
                  "held-out-7": HELD_OUT_7, "held-out-8": HELD_OUT_8, "held-out-9": HELD_OUT_9,
-                 "held-out-10": HELD_OUT_10, "held-out-11": HELD_OUT_11, "held-out-12": HELD_OUT_12}  # six steps per setup from held-out 4 on
+                 "held-out-10": HELD_OUT_10, "held-out-11": HELD_OUT_11, "held-out-12": HELD_OUT_12,
+                 "held-out-13": HELD_OUT_13}  # six steps per setup from held-out 4 on
     if cmd in six_steps:
         sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], six_steps[cmd], f"validation-{cmd}.jsonl", steps=6))
     from compare_estimates import compare  # noqa: E402
