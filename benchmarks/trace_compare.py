@@ -23,7 +23,7 @@ from validate import HELD_OUT_6, HELD_OUT_7, HELD_OUT_8, HELD_OUT_12, MODELS
 import trainmem
 from trainmem.estimator.allocator import AllocatorOOM, CachingAllocator, replay_steps, trace_events
 from trainmem.estimator.simulate import model_builder, simulate_step, steady_start
-from trainmem.gpus import find_gpu
+from trainmem.gpus import CATALOG, find_gpu
 
 GiB = 2**30
 SETS = {"s": HELD_OUT_6, "t": HELD_OUT_7, "u": HELD_OUT_8, "w": HELD_OUT_12}
@@ -36,18 +36,18 @@ def _outcome(a: CachingAllocator, failed: int | None) -> str:
            f"{a.reserved / GiB:.3f} reserved"
 
 
-def real(trace: dict, cap: int) -> str:
+def real(trace: dict, cap: int | None) -> str:
     return _replayed(list(trace_events(trace["events"])), None, cap)
 
 
-def simulated(spec: trainmem.ModelSpec, setup: trainmem.TrainSetup, precision: str, cap: int) -> str:
-    card = find_gpu(setup.gpu)
+def simulated(spec: trainmem.ModelSpec, setup: trainmem.TrainSetup, precision: str, cap: int | None) -> str:
+    card = find_gpu(setup.gpu) if setup.gpu else CATALOG["H200"]  # uncapped rows ran on the H200
     ledger, _ = simulate_step(model_builder(spec, setup, precision, card), setup, precision,
                               workspace=card.cublas_workspace, flash=card.flash)
     return _replayed(ledger.events, steady_start(ledger), cap)
 
 
-def _replayed(events: Sequence[tuple[object, int]], steady: int | None, cap: int) -> str:
+def _replayed(events: Sequence[tuple[object, int]], steady: int | None, cap: int | None) -> str:
     """Replayed as the estimate replays (`replay_steps`): a simulation's last step repeated until settled."""
     a = CachingAllocator(cap=cap)
     try:

@@ -156,3 +156,29 @@ def test_simulate_replays_its_own_allocations():
     capped = trainmem.estimate("tiny-llama", setup.replace(memory_cap=b.memory["peak_allocated"] // 2), "simulate")
     assert any("runs out of memory under" in n for n in capped.notes)
     assert capped.memory["peak_reserved"] > capped.setup["memory_cap"]
+
+
+def test_trace_steps_prints_each_steps_peaks_of_a_recorded_trace(tmp_path, capsys):
+    """benchmarks/trace_steps.py cuts a recorded trace at each request of a size and replays it: the second
+    30 MiB request reuses the first's freed segment, the third, made while the second is live, reserves
+    another."""
+    import gzip
+    import json
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    import trace_steps
+
+    MiB = 2**20
+    events = [("alloc", 1, 30 * MiB, 0, ""), ("free_completed", 1, 30 * MiB, 0, ""),
+              ("alloc", 2, 30 * MiB, 0, ""), ("alloc", 3, 30 * MiB, 0, ""),
+              ("free_completed", 2, 30 * MiB, 0, ""), ("free_completed", 3, 30 * MiB, 0, "")]
+    path = tmp_path / "traces.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traces": [{"index": "w9", "arch": "tiny", "setup": {}, "events": events}]}, f)
+    assert trace_steps.main(str(path), "w9", 30, 1) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "window 1: peak allocated 0.029 GiB, reserved 0.029 GiB" in lines[1]
+    assert "window 2: peak allocated 0.029 GiB, reserved 0.029 GiB" in lines[2]
+    assert "window 3 (to the end): peak allocated 0.059 GiB, reserved 0.059 GiB" in lines[3]
