@@ -16,8 +16,7 @@ import gzip
 import json
 import sys
 
-from trainmem.estimator.allocator import CachingAllocator, trace_events
-from trainmem.measure import EMPTY_CACHE
+from trainmem.estimator.allocator import CachingAllocator, replay, trace_events
 
 GiB = 2**30
 
@@ -36,12 +35,7 @@ def main(path: str, index: str, mib: float, per_step: int) -> int:
                     a.reset_peak()
                 window += seen % per_step == 0
                 seen += 1
-            if key == EMPTY_CACHE:
-                a.empty_cache()
-            elif n < 0:
-                a.free(key)
-            else:
-                a.malloc(key, n)
+            replay([(key, n)], allocator=a)
         print(f"  window {window} (to the end): peak allocated {a.peak_allocated / GiB:.3f} GiB, "
               f"reserved {a.peak_reserved / GiB:.3f} GiB")
     return 0
