@@ -174,7 +174,8 @@ class _StandIns:
             b, h, sq, d = query.shape
             fused = f"{kernel}-{'half' if dtype in (torch.float16, torch.bfloat16) else 'fp32'}"
             flops = 2 * b * h * sq * key.shape[-2] * (d + value.shape[-1])
-            flops /= 2 if kwargs.get("is_causal") and mask is None else 1
+            causal = kwargs.get("is_causal", args[2] if len(args) > 2 else False)  # (mask, dropout_p, is_causal)
+            flops /= 2 if causal and mask is None else 1
             count.attention[fused] += flops
             if out.requires_grad:
                 out.register_hook(lambda grad: count.attention.update({fused: 2 * flops}))
@@ -200,7 +201,8 @@ def _cut(spec: ModelSpec, layers: int, layer_type: str | None = None) -> ModelSp
         config["layer_types"] = [layer_type] * layers
     elif isinstance(config.get("layer_types"), list):
         config["layer_types"] = config["layer_types"][:layers]
-    return dataclasses.replace(spec, name=f"{spec.name} [{layers} layers]", config=config)
+    kind = f" {layer_type}" if layer_type else ""
+    return dataclasses.replace(spec, name=f"{spec.name} [{layers}{kind} layers]", config=config)
 
 
 class _Traced(NamedTuple):
