@@ -23,13 +23,17 @@ import os
 import sys
 import time
 
-from validate import HELD_OUT, HELD_OUT_2, HELD_OUT_4, HELD_OUT_6, HELD_OUT_7, HELD_OUT_8, HELD_OUT_12, MODELS, SETUPS
+from validate import (HELD_OUT, HELD_OUT_2, HELD_OUT_4, HELD_OUT_6, HELD_OUT_7, HELD_OUT_8, HELD_OUT_12, MODELS,
+                      SETUPS)
 
 from trainmem.chapter import RUNS
 
 DEFAULT = [0, 1, 3, 6, 7, 14, 22, 26, 35]
 CHAPTER_T4 = [("neox", {**run.setup.to_dict(), "gpu": "T4"}) for run in RUNS]
 """The chapter's seven runs emulating its T4 (`cN`)."""
+SETS = {"h": HELD_OUT, "g": HELD_OUT_2, "k": HELD_OUT_4, "s": HELD_OUT_6, "t": HELD_OUT_7, "u": HELD_OUT_8,
+        "w": HELD_OUT_12, "c": CHAPTER_T4}
+"""The sets a trace's index names by its letter (a bare number: `validate.SETUPS`)."""
 
 
 def _where(event: dict) -> str:
@@ -48,16 +52,14 @@ def main(out_dir: str, indices: list[str]) -> int:
 
     os.makedirs(out_dir, exist_ok=True)
     traces = []
+    steps = int(os.environ.get("STEPS", 3))
     for i in indices:
-        sets = {"h": HELD_OUT, "g": HELD_OUT_2, "k": HELD_OUT_4, "s": HELD_OUT_6, "t": HELD_OUT_7, "u": HELD_OUT_8,
-                "w": HELD_OUT_12, "c": CHAPTER_T4}
-        arch, kw = sets[i[0]][int(i[1:])] if i[0] in sets else SETUPS[int(i)]
+        arch, kw = SETS[i[0]][int(i[1:])] if i[0] in SETS else SETUPS[int(i)]
         gc.collect()
         torch.cuda.empty_cache()
         t0 = time.time()
         torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python", max_entries=3_000_000)
         start = torch.cuda.memory._snapshot()["segments"]
-        steps = int(os.environ.get("STEPS", 3))
         r = execute(trainmem.ModelSpec.resolve(MODELS[arch]), trainmem.TrainSetup(**{"steps": steps, **kw}))
         snap = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(enabled=None)

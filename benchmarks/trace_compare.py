@@ -18,7 +18,8 @@ import json
 import sys
 from collections.abc import Sequence
 
-from validate import HELD_OUT_6, HELD_OUT_7, HELD_OUT_8, HELD_OUT_12, MODELS
+from allocator_trace import SETS
+from validate import MODELS
 
 import trainmem
 from trainmem.estimator.allocator import AllocatorOOM, CachingAllocator, replay_steps, trace_events
@@ -26,7 +27,6 @@ from trainmem.estimator.simulate import model_builder, simulate_step, steady_sta
 from trainmem.gpus import CATALOG, find_gpu
 
 GiB = 2**30
-SETS = {"s": HELD_OUT_6, "t": HELD_OUT_7, "u": HELD_OUT_8, "w": HELD_OUT_12}
 
 
 def _outcome(a: CachingAllocator, failed: int | None) -> str:

@@ -1,10 +1,11 @@
 """What one micro-step launches on the GPU, counted by running the real model's step on the meta device.
 
-The step-time model (`timing.py`) needs two things a parameter inventory cannot say: how many kernels the host
-launches per micro-step (each costs host time whether it moves a byte or not) and how many bytes the
+The step-time model (`timing.py`) needs three things a parameter inventory cannot say: how many kernels the
+host launches per micro-step (each costs host time whether it moves a byte or not), how many bytes the
 kernels that are not matrix products read and write (norms, activations, rotary embeddings, residual adds,
 the loss's upcast and log-softmax, LoRA's dropout and scaling, autocast's casts, the math attention path's
-softmax). Both depend on how each architecture's modeling code is written: GPT-2's unfused GELU is eight
+softmax), and which attention kernel each layer's call runs, over how much of the product (a sliding
+window's mask rules flash out and makes the kernel compute the whole product). All depend on how each architecture's modeling code is written: GPT-2's unfused GELU is eight
 kernels where Llama's SiLU is one, Gemma has four norms per layer, Qwen3 and OLMo-2 normalize q and k.
 So they are counted, not assumed: the model is built on the meta device as the simulate method builds it
 (`simulate.model_builder`, peft and the bitsandbytes stand-ins included) and one forward and backward run
@@ -12,8 +13,9 @@ under a dispatch mode that sees every ATen operator.
 
 A counted operator is a kernel unless it only makes a view or an empty tensor. Autocast's casts are counted
 as bytes but not as launches: CUDA autocast casts inside the dispatcher, in C++, without the Python that a
-module's operators cost (the fit of the H200 step times agrees: `docs/time-model.md`). Matrix products are
-left to `timing.py`'s FLOP count; fused attention is a stand-in here (its bytes are in its FLOP time).
+module's operators cost (the fit of the H200 step times agrees: `docs/time-model.md`). The weights' matrix
+products are left to `timing.py`'s FLOP count; attention's FLOPs are counted here per call (`Kernels.attention`),
+fused attention being a stand-in whose bytes are in its FLOP time.
 
 To stay fast (the analytic estimate and `plan`'s search call it for every setup), the step is traced on
 the model cut to one and to two decoder layers, each at micro-batch 1 and 2: launches are the one-layer

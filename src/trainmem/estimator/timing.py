@@ -88,8 +88,7 @@ bytes it moves (`BYTES_8BIT`): each element's two states are dequantized through
 and re-quantized by searching it, with a per-block absmax reduction, so the kernel is bound by that work,
 not by its few bytes (the 8B full-weight 8-bit rows take ~0.3 s per step in the update alone)."""
 FITTED = ("EFF_MATMUL", "EFF_FP32", "EFF_ATTENTION_FP32", "EFF_FLASH", "EFF_EFFICIENT", "EFF_BANDWIDTH",
-          "HOST_PER_KERNEL",
-          "QLORA_OPS", "HOST_PER_TENSOR", "EFF_8BIT")
+          "HOST_PER_KERNEL", "QLORA_OPS", "HOST_PER_TENSOR", "EFF_8BIT")
 
 # --- derived, not fitted -------------------------------------------------------------------------------------
 OPTIMIZER_PASSES = {"adamw": 16.0, "adamw-fused": 7.0, "sgd": 3.0, "adafactor": 8.0}
