@@ -31,7 +31,9 @@ from ..gpus import GPU
 from ..measure import StateBytes, TensorLedger, state_bytes
 from ..setup import TrainSetup
 from ..specs import ModelSpec
+from ..train import PROBE_STEPS
 from . import autocast, quantized, runtime, states
+from .inplace import InPlace
 
 
 class _FlashSDPA(torch.autograd.Function):
@@ -108,15 +110,17 @@ def sdpa_call(query: torch.Tensor, key: torch.Tensor, args: tuple, kwargs: dict)
 
 
 def _fused_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, flash: bool = True,
-                **kwargs: Any) -> torch.Tensor:
-    """CUDA's SDPA kernel (`sdpa_kernel`) with its memory; the math path's attention matrix is saved."""
+                inplace: InPlace | None = None, **kwargs: Any) -> torch.Tensor:
+    """CUDA's SDPA kernel (`sdpa_kernel`) with its memory; the math path's attention matrix is saved (its mask
+    added in place where `inplace` says the step runs without a mode)."""
     dtype, grouped, mask = sdpa_call(query, key, args, kwargs)
     region = autocast.active()
     if region is not None:
         query, key, value = (region.cast(t, region.dtype) for t in (query, key, value))
     kernel = sdpa_kernel(dtype, grouped, mask, flash)
     if kernel == "math":
-        return _MATH_SDPA(query, key, value, *args, **kwargs)
+        with inplace.math_attention() if inplace is not None else contextlib.nullcontext():
+            return _MATH_SDPA(query, key, value, *args, **kwargs)
     # the memory-efficient kernel takes a boolean mask as an additive bias in q's dtype, converted per call
     # and saved for backward
     bias = query.new_empty(mask.shape) if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool else None
@@ -124,15 +128,16 @@ def _fused_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *ar
 
 
 @contextlib.contextmanager
-def cuda_choices(attention: str, flash: bool = True) -> Iterator[None]:
-    """Patch what the meta device would do differently from CUDA, for the duration of a simulation."""
+def cuda_choices(attention: str, flash: bool = True, inplace: InPlace | None = None) -> Iterator[None]:
+    """Patch what the meta device would do differently from CUDA, for the duration of a simulation (with
+    `inplace`, the recording ledger's: the math SDPA path's mask add is marked for it)."""
     import transformers.masking_utils as masking
 
     F = torch.nn.functional
     saved = (F.scaled_dot_product_attention, F.dropout, masking.find_packed_sequence_indices)
     try:
         if attention == "sdpa":
-            F.scaled_dot_product_attention = functools.partial(_fused_sdpa, flash=flash)
+            F.scaled_dot_product_attention = functools.partial(_fused_sdpa, flash=flash, inplace=inplace)
         F.dropout = _dropout
         # packed-sequence detection reads position ids on the host, which meta tensors cannot do
         masking.find_packed_sequence_indices = lambda *a, **k: None
@@ -185,7 +190,20 @@ STEPS = 3
 """Optimizer steps simulated: the states appear in the first, the second is the first steady one, and the
 third starts from the blocks the second left, as `trainmem run`'s default three steps do. Two were not
 enough: held-out 5's Qwen3 amp-fp16 row on a T4 ran out of memory in its third step (H200, 2026-12-04),
-which a replay of two steps cannot show."""
+which a replay of two steps cannot show. The first `train.PROBE_STEPS` accumulate gradients out of place, as
+`trainmem run`'s probed steps do; the later ones, which the replay repeats, in place, as a user's run does."""
+
+
+class SimulatedLedger(TensorLedger):
+    """The recording ledger with the in-place adds its own dispatch mode would turn off put back (`inplace`)."""
+
+    def __init__(self, state: Callable[[], StateBytes]):
+        super().__init__(state)
+        self.inplace = InPlace()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        done = self.inplace.add(func, args)
+        return done if done is not None else super().__torch_dispatch__(func, types, args, kwargs)
 
 
 def model_builder(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU) -> Callable[[TensorLedger], Any]:
@@ -241,7 +259,7 @@ def simulate_step(build: Callable[[TensorLedger], Any], setup: TrainSetup,
             return StateBytes(0, 0, 0)
         return state_bytes(held["model"], held["optimizer"])
 
-    ledger = TensorLedger(states).record()  # events for the allocator replay
+    ledger = SimulatedLedger(states).record()  # events for the allocator replay
     ledger.kernels = CudaKernels(ledger, workspace)
     ledger.set_phase("build")
     with contextlib.ExitStack() as stack:
@@ -250,7 +268,7 @@ def simulate_step(build: Callable[[TensorLedger], Any], setup: TrainSetup,
         return _steps(build, setup, amp, ledger, device, held, flash)
 
 
-def _steps(build: Callable[[TensorLedger], Any], setup: TrainSetup, amp: Any, ledger: TensorLedger,
+def _steps(build: Callable[[TensorLedger], Any], setup: TrainSetup, amp: Any, ledger: SimulatedLedger,
            device: str, held: dict[str, Any], flash: bool) -> tuple[TensorLedger, StateBytes]:
     from ..build import build_optimizer
 
@@ -272,13 +290,16 @@ def _steps(build: Callable[[TensorLedger], Any], setup: TrainSetup, amp: Any, le
     batch = {"input_ids": ids, "labels": ids}
     tokens = setup.grad_accum * setup.batch_size * (setup.seq_len - 1)
     final = StateBytes(0, 0, 0)
-    with cuda_choices(setup.attention, flash), ledger:
+    with cuda_choices(setup.attention, flash, ledger.inplace), ledger:
         for step in range(1, STEPS + 1):
+            ledger.inplace.enabled = step > PROBE_STEPS
             for k in range(1, setup.grad_accum + 1):
                 ledger.set_phase(f"step{step}.micro{k}.forward")
                 with autocast.region(amp):
                     loss = micro_batch_loss(model, batch, tokens)
                 ledger.set_phase(f"step{step}.micro{k}.backward")
+                if ledger.inplace.enabled:
+                    ledger.inplace.watch(loss.grad_fn)
                 loss.backward()
                 del loss
             ledger.set_phase(f"step{step}.optimizer")
