@@ -2,7 +2,7 @@
 
     python benchmarks/trace_compare.py TRACES.json.gz [INDEX ...]   # anywhere: no GPU needed
 
-For each trace of `allocator_trace.py` (validate.py's held-out rows sN, tN, uN, wN), two replays through
+For each trace of `allocator_trace.py` (validate.py's held-out rows sN, tN, uN, wN, xN), two replays through
 `trainmem.estimator.allocator` under the row's cap: the real alloc/free sequence (with `empty_cache` where the
 driver got segments back), and the simulate method's own ledger for the same setup, replayed as the estimate
 does (its last step repeated until the allocator settles). Each ends at its first

@@ -15,6 +15,7 @@
     python benchmarks/validate.py held-out-11 OUT_DIR [INDEX ...] # HELD_OUT_11: 30 setups, chosen at change 11
     python benchmarks/validate.py held-out-12 OUT_DIR [INDEX ...] # HELD_OUT_12: 12 setups, the time model's sixth change
     python benchmarks/validate.py held-out-13 OUT_DIR [INDEX ...] # HELD_OUT_13: 12 setups, the time model's seventh change
+    python benchmarks/validate.py held-out-14 OUT_DIR [INDEX ...] # HELD_OUT_14: 15 setups, memory's change 12
     python benchmarks/validate.py sharded OUT_DIR [INDEX ...]     # SHARDED: FSDP2 ranks through the fake group
     python benchmarks/validate.py compare JSONL       # anywhere: the error table (docs/estimate-validation.md)
 
@@ -467,6 +468,30 @@ kernel CUDA picks, the memory-efficient kernel fitted apart): twelve setups chos
 ran, about 30 s each, aimed at sliding windows (Gemma-2 and -3, Mistral, Phi-3 past their windows), long
 flash and math-path rows, and a T4-emulated row without flash; memory is judged on them too."""
 
+HELD_OUT_14: list[tuple[str, dict]] = [
+    ("qwen", dict(precision="bf16", batch_size=1, seq_len=256)),  # host-bound: this machine's launch speed, first
+    ("llama", dict(precision="fp32", batch_size=4, seq_len=1024)),  # grouped heads in fp32: the math path's mask
+    ("qwen3", dict(precision="fp32", batch_size=2, seq_len=2048, peft="lora")),  # the same, tied embeddings
+    ("gpt2", dict(precision="fp32", batch_size=8, seq_len=1024)),  # tied embeddings, no grouped heads
+    ("gemma3", dict(precision="amp-bf16", batch_size=2, seq_len=2048)),  # autocast, a 262k vocabulary
+    ("gemma3", dict(precision="amp-bf16", batch_size=4, seq_len=1024, peft="lora", checkpointing=True)),
+    ("olmo2", dict(precision="fp32", batch_size=2, seq_len=1024, peft="lora", **ALL)),
+    ("qwen1.5b", dict(precision="amp-bf16", batch_size=4, seq_len=1024, peft="lora")),  # autocast LoRA, host-bound
+    ("llama3b", dict(precision="fp32", batch_size=1, seq_len=2048, peft="lora", checkpointing=True)),  # math, recompute
+    ("qwen", dict(precision="amp-fp16", batch_size=8, seq_len=1024, peft="lora")),
+    ("neox", dict(precision="fp16", batch_size=8, seq_len=1024, peft="lora", gpu="T4")),  # estimated `no`
+    ("phi3", dict(precision="bf16", batch_size=2, seq_len=4096, peft="lora", checkpointing=True, **ALL)),
+    ("stablelm", dict(precision="fp32", batch_size=2, seq_len=1024, peft="lora")),
+    ("qwen", dict(precision="fp32", batch_size=2, seq_len=1024, gpu="L4")),  # estimated `fits`, 2.5 GiB free
+    ("qwen", dict(precision="bf16", batch_size=1, seq_len=256)),  # the first row again, last
+]
+"""The fourteenth held-out set, for memory's change 12 (the in-place adds from the third simulated step on) and
+the step-time model's seventh change, chosen at b2a5eba before any ran: fp32 rows (grouped heads on the math
+path, tied embeddings, checkpointed recompute), autocast with Gemma-3's vocabulary, autocast LoRA on small
+models (the time model's worst rows), two near-capacity verdicts (T4, L4), and the same host-bound row first and
+last: its step time measures how fast this session's host launches kernels, which differed by up to 19% between
+sessions for one setup on the same software (docs/time-model.md, "Host speed")."""
+
 SHARDED: list[tuple[str, dict]] = [
     ("llama", dict(precision="amp-bf16", batch_size=2, seq_len=1024, gpus=2)),
     ("llama", dict(precision="amp-bf16", batch_size=2, seq_len=1024, gpus=8, checkpointing=True)),
@@ -553,7 +578,7 @@ if __name__ == "__main__":
     six_steps = {"held-out-4": HELD_OUT_4, "held-out-5": HELD_OUT_5, "held-out-6": HELD_OUT_6,
                  "held-out-7": HELD_OUT_7, "held-out-8": HELD_OUT_8, "held-out-9": HELD_OUT_9,
                  "held-out-10": HELD_OUT_10, "held-out-11": HELD_OUT_11, "held-out-12": HELD_OUT_12,
-                 "held-out-13": HELD_OUT_13}  # six steps per setup from held-out 4 on
+                 "held-out-13": HELD_OUT_13, "held-out-14": HELD_OUT_14}  # six steps per setup from held-out 4 on
     if cmd in six_steps:
         sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], six_steps[cmd], f"validation-{cmd}.jsonl", steps=6))
     from compare_estimates import compare  # noqa: E402
