@@ -2,9 +2,11 @@
 without it, and the three-valued verdict."""
 
 import pytest
+import torch
 
 from trainmem import SetupError, TrainSetup, find_gpu
 from trainmem.estimator.breakdown import Breakdown
+from trainmem.estimator.simulate import sdpa_kernel
 from trainmem.gpus import CATALOG, gpu_problem
 
 MiB, GiB = 2**20, 2**30
@@ -21,8 +23,10 @@ def test_bf16_and_sdpa_kernels_per_architecture():
     t4, v100, a100, h200 = (CATALOG[n] for n in ("T4", "V100-32GB", "A100-40GB", "H200"))
     assert (t4.sm, t4.architecture, t4.bf16, t4.flash) == ((7, 5), "Turing", False, False)
     assert (v100.sm, v100.bf16, v100.flash) == ((7, 0), False, False)
-    assert [t4.sdpa_kernel(d) for d in ("fp16", "bf16", "fp32")] == ["efficient", "none", "efficient"]
-    assert [a100.sdpa_kernel(d) for d in ("fp16", "bf16", "fp32")] == ["flash", "flash", "efficient"]
+    dtypes = (torch.float16, torch.bfloat16, torch.float32)
+    assert [sdpa_kernel(d, False, None, t4.flash) for d in dtypes] == ["efficient", "efficient", "efficient"]
+    assert [sdpa_kernel(d, False, None, a100.flash) for d in dtypes] == ["flash", "flash", "efficient"]
+    assert sdpa_kernel(torch.float16, True, None, t4.flash) == "math"  # no grouped heads without flash
     assert h200.bf16 and h200.flash and CATALOG["RTX-5090"].flash  # sm120 is inside flash's [sm80, sm121]
 
 

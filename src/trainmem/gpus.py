@@ -110,18 +110,9 @@ class GPU:
 
     @property
     def flash(self) -> bool:
-        """PyTorch's flash-attention SDPA kernel runs here (sm80 to sm121)."""
+        """PyTorch's flash-attention SDPA kernel runs here (sm80 to sm121, `SDPA_SOURCE`); which kernel a call
+        gets is `estimator.simulate.sdpa_kernel`'s choice, given this."""
         return (8, 0) <= self.sm <= (12, 1)
-
-    def sdpa_kernel(self, dtype: str) -> str:
-        """The fused SDPA kernel PyTorch picks for `dtype` (fp16, bf16, fp32) without a mask:
-        flash for half precision where it exists, memory-efficient otherwise (`SDPA_SOURCE`);
-        `none` where no fused kernel takes the dtype (the math path runs)."""
-        if dtype in ("fp16", "bf16") and self.flash:
-            return "flash"
-        if dtype == "bf16" and not self.bf16:
-            return "none"
-        return "efficient"
 
     @property
     def cublas_workspace(self) -> int:

@@ -26,7 +26,7 @@ from ..setup import ESTIMATORS, TrainSetup
 from ..specs import ModelSpec
 from . import allocator, analytic, quantized, runtime, sharded, sharding, states, timing
 from .breakdown import ADVICE, Breakdown
-from .simulate import model_builder, simulate_step, steady_start
+from .simulate import model_builder, sdpa_kernel, simulate_step, steady_start
 
 METHODS = ESTIMATORS
 
@@ -188,8 +188,9 @@ def _analytic(inv: states.Inventory, setup: TrainSetup, precision: str, ms: dict
     e = 2 if precision in ("fp16", "bf16", "amp-bf16", "amp-fp16") and setup.peft != "qlora" else 4
     # the residual stream runs in fp32 under autocast over fp32 weights and under QLoRA
     r = 4 if (precision.startswith("amp") or setup.peft == "qlora" or e == 4) else 2
-    half = "bf16" if "bf16" in precision else "fp16"
-    flash = card.sdpa_kernel(half if e == 2 else "fp32") == "flash"
+    half = torch.bfloat16 if "bf16" in precision else torch.float16
+    # the choice the simulate method makes per call, here for an unmasked call without grouped heads
+    flash = sdpa_kernel(half if e == 2 else torch.float32, False, None, card.flash) == "flash"
     acts = analytic.activations(t, setup.batch_size, setup.seq_len, e, r, setup.checkpointing,
                                 setup.attention == "eager", _lora_inputs(inv, setup, t.layers),
                                 frozen=setup.peft != "none", flash=flash)
