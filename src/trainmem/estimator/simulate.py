@@ -136,7 +136,7 @@ def cuda_choices(attention: str, flash: bool = True, inplace: InPlace | None = N
     F = torch.nn.functional
     saved = (F.scaled_dot_product_attention, F.dropout, masking.find_packed_sequence_indices)
     try:
-        if attention == "sdpa":
+        if attention != "eager":  # "auto" too: transformers picks SDPA wherever a model has it
             F.scaled_dot_product_attention = functools.partial(_fused_sdpa, flash=flash, inplace=inplace)
         F.dropout = _dropout
         # packed-sequence detection reads position ids on the host, which meta tensors cannot do
