@@ -46,7 +46,7 @@ def host_bound(paths: list[str]) -> dict[str, list[tuple[str, float, float]]]:
 
 def main(paths: list[str]) -> int:
     found = host_bound(paths)
-    print(f"| file | host-bound rows | measured us per launch (median) | range | model error range |")
+    print("| file | host-bound rows | measured us per launch (median) | range | model error range |")
     print("|---|---:|---:|---|---|")
     for file, rows in found.items():
         speeds = [s for _, s, _ in rows]

@@ -26,8 +26,8 @@ from .setup import TrainSetup
 
 PROBE_STEPS = 2
 """Steps `train` probes under the ledger by default: Adam's states appear in the first, the second is steady.
-Under the ledger's dispatch mode autograd accumulates gradients out of place (`estimator.inplace`), so the
-simulate method mirrors this count."""
+Under the ledger's dispatch mode ATen skips some in-place adds (`estimator.inplace`), so the simulate method
+mirrors this count."""
 
 
 @dataclass
@@ -105,7 +105,8 @@ def _sync(device: torch.device) -> None:
 
 
 def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[Sample], setup: TrainSetup,
-          device: torch.device, probe: Probe, log: TrainLog, precision: str, probe_steps: int = PROBE_STEPS) -> TrainLog:
+          device: torch.device, probe: Probe, log: TrainLog, precision: str,
+          probe_steps: int = PROBE_STEPS) -> TrainLog:
     """Run `setup.steps` optimizer steps; fills `log` as it goes so an OOM keeps what was done."""
     from .build import AUTOCAST_DTYPES
 

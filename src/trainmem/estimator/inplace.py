@@ -50,19 +50,13 @@ def _dense(t: torch.Tensor) -> bool:
     return True
 
 
-class InPlace:
-    """Marks where ATen would add in place without a mode; `add` rewrites those calls, from inside a mode's
-    `__torch_dispatch__`."""
+class _EngineMarks:
+    """Knows when autograd's engine is accumulating: `watch` hooks a graph's nodes before its `backward`."""
 
     def __init__(self) -> None:
         self.between = False
         """True after a node has returned its gradients and before the next node runs: the engine is adding
         them into the next nodes' buffers."""
-        self.in_math_attention = False
-        self.enabled = True
-        """Whether the adds are rewritten: a step run without a mode (`trainmem run`'s probed steps have one)."""
-        self.sole = dispatch_counts()
-        """`_counts` of a gradient only the engine holds."""
 
     def watch(self, root: Any) -> None:
         """Hook every node of the graph below `root` (a loss's `grad_fn`), before its `backward`."""
@@ -82,6 +76,19 @@ class InPlace:
 
     def _leave(self, grad_inputs: Any, grad_outputs: Any) -> None:
         self.between = True
+
+
+class InPlace(_EngineMarks):
+    """Marks where ATen would add in place without a mode; `add` rewrites those calls, from inside a mode's
+    `__torch_dispatch__`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_math_attention = False
+        self.enabled = True
+        """Whether the adds are rewritten: a step run without a mode (`trainmem run`'s probed steps have one)."""
+        self.sole = dispatch_counts()
+        """`_counts` of a gradient only the engine holds."""
 
     @contextlib.contextmanager
     def math_attention(self) -> Iterator[None]:
@@ -108,7 +115,7 @@ class InPlace:
 
 
 class _Sole(TorchDispatchMode):
-    def __init__(self, watcher: InPlace):
+    def __init__(self, watcher: _EngineMarks):
         super().__init__()
         self.watcher, self.seen = watcher, []
 
@@ -124,8 +131,7 @@ def dispatch_counts() -> tuple[int, int]:
     gradients of `x` in `x.exp() + x.exp()` are fresh products, the first held by the buffer alone."""
     from torch.utils._python_dispatch import _disable_current_modes
 
-    watcher = InPlace.__new__(InPlace)
-    watcher.between = False
+    watcher = _EngineMarks()
     with _disable_current_modes(), torch.enable_grad():
         x = torch.empty(4, device="meta", requires_grad=True)
         loss = (x.exp() + x.exp()).sum()

@@ -5,11 +5,12 @@ host launches per micro-step (each costs host time whether it moves a byte or no
 kernels that are not matrix products read and write (norms, activations, rotary embeddings, residual adds,
 the loss's upcast and log-softmax, LoRA's dropout and scaling, autocast's casts, the math attention path's
 softmax), and which attention kernel each layer's call runs, over how much of the product (a sliding
-window's mask rules flash out and makes the kernel compute the whole product). All depend on how each architecture's modeling code is written: GPT-2's unfused GELU is eight
-kernels where Llama's SiLU is one, Gemma has four norms per layer, Qwen3 and OLMo-2 normalize q and k.
-So they are counted, not assumed: the model is built on the meta device as the simulate method builds it
-(`simulate.model_builder`, peft and the bitsandbytes stand-ins included) and one forward and backward run
-under a dispatch mode that sees every ATen operator.
+window's mask rules flash out and makes the kernel compute the whole product). All depend on how each
+architecture's modeling code is written: GPT-2's unfused GELU is eight kernels where Llama's SiLU is one,
+Gemma has four norms per layer, Qwen3 and OLMo-2 normalize q and k. So they are counted, not assumed: the
+model is built on the meta device as the simulate method builds it (`simulate.model_builder`, peft and the
+bitsandbytes stand-ins included) and one forward and backward run under a dispatch mode that sees every ATen
+operator.
 
 A counted operator is a kernel unless it only makes a view or an empty tensor. Autocast's casts are counted
 as bytes but not as launches: CUDA autocast casts inside the dispatcher, in C++, without the Python that a
@@ -293,4 +294,6 @@ def _attention(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU,
             pair = _trace(_cut(spec, 2, kind), single, precision, card).attention
             out.update({k: n * (pair.get(k, 0) - first.get(k, 0)) for k in {*first, *pair}})
     return dict(out)
+
+
 __all__ = ["Kernels", "count"]

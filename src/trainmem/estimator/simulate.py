@@ -190,8 +190,9 @@ STEPS = 3
 """Optimizer steps simulated: the states appear in the first, the second is the first steady one, and the
 third starts from the blocks the second left, as `trainmem run`'s default three steps do. Two were not
 enough: held-out 5's Qwen3 amp-fp16 row on a T4 ran out of memory in its third step (H200, 2026-12-04),
-which a replay of two steps cannot show. The first `train.PROBE_STEPS` accumulate gradients out of place, as
-`trainmem run`'s probed steps do; the later ones, which the replay repeats, in place, as a user's run does."""
+which a replay of two steps cannot show. The first `train.PROBE_STEPS` run ATen's in-place adds out of place,
+as `trainmem run`'s probed steps do; the later ones, which the replay repeats, in place, as a user's run does
+(`inplace`)."""
 
 
 class SimulatedLedger(TensorLedger):
