@@ -1,4 +1,4 @@
-"""How fast each session's host launched kernels, from the host-bound rows of the committed H200 measurements.
+"""How fast each session's host launched kernels, from the host-bound rows of the committed H200 (and H100) measurements.
 
     python benchmarks/host_speed.py [JSONL ...]    # anywhere: no GPU needed; default: time_validate's files
 
@@ -13,7 +13,6 @@ the same way.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -28,12 +27,11 @@ BOUND = 1.3
 def host_bound(paths: list[str]) -> dict[str, list[tuple[str, float, float]]]:
     """Per file: (row label, measured microseconds per launch, the model's error) of its host-bound rows."""
     from trainmem.estimator import timing
-    from trainmem.gpus import CATALOG
 
     out: dict[str, list[tuple[str, float, float]]] = {}
     for path, r in tv.timed(tv.rows(paths)):
-        work = tv._work(r["model"]["name"], json.dumps(r["setup"], sort_keys=True))
-        st = timing.step_time(work, CATALOG["H200"])
+        work, card = tv._row_work(r)
+        st = timing.step_time(work, card)
         parts = st.parts
         if parts["host"] < BOUND * (parts["compute"] + parts["memory"]):
             continue

@@ -1,4 +1,4 @@
-"""The step-time model against measured step times on the H200: fit, compare, and a held-out set to measure.
+"""The step-time model against measured step times on the H200 (and the H100): fit, compare, and a held-out set to measure.
 
     python benchmarks/time_validate.py compare JSONL ...          # anywhere: predicted vs measured per row
     python benchmarks/time_validate.py compare docs/data/*.jsonl  # the in-sample table of docs/time-model.md
@@ -13,8 +13,9 @@ not time: apart, so that they do not count as held-out errors), and prints per r
 measured step time with the error, the median and worst absolute error, and the Spearman rank correlation
 of predicted vs measured within each model. Measured is `throughput.step_time_median_s` where a row has it
 (runs made after it existed), else `step_time_s`.
-Rows measured under `--gpu CARD` or `--memory-cap` ran on the H200 (capped memory, same speed): they are
-predicted at the H200's speed, with the SDPA kernel the emulated card has (no flash on a T4 or V100). Rows of `--engine trainer` (Trainer's own loop, gradient clipping) are left out.
+Each row is predicted at the speed of the card it ran on (`ran_on`: the H200, or the H100 of held-out 14). Rows
+measured under `--gpu CARD` or `--memory-cap` ran there with capped memory, at that card's speed: they are
+predicted at its speed, with the SDPA kernel the emulated card has (no flash on a T4 or V100). Rows of `--engine trainer` (Trainer's own loop, gradient clipping) are left out.
 
 `measure` runs TIME_SET with `trainmem run` in a fresh process each (validate.py's `isolated`), with
 `STEPS` steps so that the median of at least four steady steps is timed (steps 1-2 are probed).
@@ -123,14 +124,24 @@ def timed(found: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, 
     return [(p, r) for p, r in found if (r.get("throughput") or {}).get("step_time_median_s")]
 
 
+MEASURED_ON = {"H200": "H200", "H100": "H100-80GB"}
+"""The cards measurements ran on: a word of the device name (`env.gpu`) to its catalog entry."""
+
+
+def ran_on(row: dict[str, Any]) -> str | None:
+    """The catalog name of the card a measured row ran on; None for another device (or the CPU)."""
+    name = str(row.get("env", {}).get("gpu"))
+    return next((card for word, card in MEASURED_ON.items() if word in name), None)
+
+
 def rows(paths: list[str]) -> list[tuple[str, dict[str, Any]]]:
-    """(file, row) of every H200 measurement with a step time, each measurement once (the chapter's
+    """(file, row) of every H200 or H100 measurement with a step time, each measurement once (the chapter's
     rows are in two files)."""
     seen, out = set(), []
     for path in paths:
         for line in open(path):
             r = json.loads(line)
-            if (r.get("kind") != "measurement" or r.get("status") != "ok" or "H200" not in str(r.get("env", {}).get("gpu"))
+            if (r.get("kind") != "measurement" or r.get("status") != "ok" or ran_on(r) is None
                     or not measured_s(r) or r["setup"].get("engine") == "trainer"):
                 continue
             key = (r["model"]["name"], json.dumps(r["setup"], sort_keys=True), measured_s(r))
@@ -141,7 +152,7 @@ def rows(paths: list[str]) -> list[tuple[str, dict[str, Any]]]:
 
 
 @functools.lru_cache(maxsize=None)
-def _work(model: str, setup_json: str) -> Any:
+def _work(model: str, setup_json: str, card: str) -> Any:
     import trainmem
     from trainmem.estimator import states, timing
     from trainmem.gpus import CATALOG, find_gpu
@@ -149,21 +160,28 @@ def _work(model: str, setup_json: str) -> Any:
     spec = trainmem.ModelSpec.resolve(model)
     setup = trainmem.TrainSetup.from_dict(json.loads(setup_json))
     # under `--gpu CARD` the run had the emulated card's SDPA kernels (emulation.kernels: no flash on a T4
-    # or V100) at the H200's speed: the workload takes the kernel from that card, `predict` the H200's speed
-    kernels = find_gpu(setup.gpu) if setup.gpu else CATALOG["H200"]
+    # or V100) at the speed of the card it ran on: the workload takes the kernel from the emulated card,
+    # `predict` the speed from the real one
+    kernels = find_gpu(setup.gpu) if setup.gpu else CATALOG[card]
     setup = setup.replace(gpu=None, memory_cap=None)
     precision = setup.resolved_precision(spec, "cuda")
     return timing.workload(spec, states.inventory(spec, setup, precision), setup, precision, kernels)
 
 
-def predict(row: dict[str, Any]) -> float:
-    """Predicted seconds per step of a measured row's setup on the H200, where it ran (under `--gpu CARD`
-    too: a cap changes the memory, not the speed; the attention kernel is the emulated card's, `_work`)."""
-    from trainmem.estimator import timing
+def _row_work(row: dict[str, Any]) -> tuple[Any, Any]:
+    """A measured row's workload and the catalog card it ran on."""
     from trainmem.gpus import CATALOG
 
-    work = _work(row["model"]["name"], json.dumps(row["setup"], sort_keys=True))
-    return timing.step_time(work, CATALOG["H200"]).step_s
+    card = ran_on(row) or "H200"
+    return _work(row["model"]["name"], json.dumps(row["setup"], sort_keys=True), card), CATALOG[card]
+
+
+def predict(row: dict[str, Any]) -> float:
+    """Predicted seconds per step of a measured row's setup on the card it ran on (under `--gpu CARD`
+    too: a cap changes the memory, not the speed; the attention kernel is the emulated card's, `_work`)."""
+    from trainmem.estimator import timing
+
+    return timing.step_time(*_row_work(row)).step_s
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
@@ -241,10 +259,8 @@ def _fit_rows(data: list[dict[str, Any]], start: dict[str, float] | None = None,
     import math
 
     from trainmem.estimator import timing
-    from trainmem.gpus import CATALOG
 
-    h200 = CATALOG["H200"]
-    works = [(_work(r["model"]["name"], json.dumps(r["setup"], sort_keys=True)), measured_s(r)) for r in data]
+    works = [(*_row_work(r), measured_s(r)) for r in data]
     names = list(timing.FITTED)
     start = start or {n: getattr(timing, n) for n in names}
     x0 = [math.log(start[n]) for n in names]
@@ -254,7 +270,7 @@ def _fit_rows(data: list[dict[str, Any]], start: dict[str, float] | None = None,
             setattr(timing, n, math.exp(v))
         if timing.EFF_MATMUL > 1 or timing.EFF_BANDWIDTH > 1 or timing.EFF_FLASH > 1 or timing.EFF_EFFICIENT > 1:
             return 1e9
-        return sum(math.log(timing.step_time(w, h200).step_s / m) ** 2 for w, m in works) / len(works)
+        return sum(math.log(timing.step_time(w, card).step_s / m) ** 2 for w, card, m in works) / len(works)
 
     best = nelder_mead(loss, nelder_mead(loss, x0), step=0.1)
     fitted = {n: math.exp(v) for n, v in zip(names, best)}
