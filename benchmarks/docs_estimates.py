@@ -49,6 +49,7 @@ VALIDATION = {  # file -> which set it is (docs/estimate-validation.md, "Held-ou
     "validation-held-out-11-h200-2026-12-04.jsonl": "held-out 11",
     "validation-held-out-12-h200-2026-12-05.jsonl": "held-out 12",
     "validation-held-out-13-h200-2026-12-05.jsonl": "held-out 13",
+    "validation-held-out-14-h100-2026-12-05.jsonl": "held-out 14",
 }
 REPORTS = {"report-sweep-t4": ("sweep-chapter-t4-h200-2026-12-02.jsonl", "T4"),
            "report-chapter": ("chapter-measured-and-estimated-2026-12-02.jsonl", "T4")}

@@ -260,18 +260,24 @@ def _simulate(spec: ModelSpec, setup: TrainSetup, precision: str, notes: list[st
         ledger, _ = simulate_step(model_builder(spec, setup, precision, card), setup, precision,
                                   workspace=card.cublas_workspace, flash=card.flash)
     memory = dict(ledger.peak_split)  # cuBLAS workspaces included: the simulation allocates them
-    memory["peak_allocated"] = ledger.peak
+    reserved, blocks = _replay(ledger.events or [], steady_start(ledger), setup.cap_bytes(precision), notes)
+    # torch.cuda.max_memory_allocated counts the allocator's blocks, which hold more than was asked for where
+    # a block is not split (a large-pool remainder of 1 MiB or less stays with it): the replay's peak, where
+    # it ran to the end, with the excess in `other`
+    memory["peak_allocated"] = max(ledger.peak, blocks or 0)
+    memory["other"] += memory["peak_allocated"] - ledger.peak
     phase = "optimizer step" if ledger.peak_phase.endswith("optimizer") else "forward/backward"
-    reserved = _replay(ledger.events or [], steady_start(ledger), setup.cap_bytes(precision), notes)
     return memory, phase, {"simulated_peak": ledger.peak, "cublas_workspace": runtime.CUBLAS_HANDLES * card.cublas_workspace,
                            "replayed_reserved": reserved}, reserved
 
 
-def _replay(events: list[tuple[int, int]], steady: int | None, cap: int | None, notes: list[str]) -> int:
+def _replay(events: list[tuple[int, int]], steady: int | None, cap: int | None,
+            notes: list[str]) -> tuple[int, int | None]:
     """Peak reserved bytes of the simulated steps under the caching allocator's policy, under the cap
     `--gpu`/`--memory-cap` sets (where a full allocator frees its cached segments and retries), the last
-    step (from event `steady`) repeated until the allocator's layout settles. A step that runs out under
-    the cap reports the cap plus the request that failed, so it does not fit."""
+    step (from event `steady`) repeated until the allocator's layout settles, and the peak of its allocated
+    blocks. A step that runs out under the cap reports the cap plus the request that failed, so it does not
+    fit, and no allocated peak."""
     a = allocator.CachingAllocator(cap=cap)
     try:
         if not allocator.replay_steps(events, steady, a):
@@ -280,8 +286,8 @@ def _replay(events: list[tuple[int, int]], steady: int | None, cap: int | None, 
     except allocator.AllocatorOOM as e:
         notes.append(f"the allocator replay runs out of memory under the {e.cap / 2**30:.2f} GiB cap "
                      f"(a {e.requested / 2**20:.0f} MiB request with {e.reserved / 2**30:.2f} GiB reserved)")
-        return e.cap + e.requested
-    return a.peak_reserved
+        return e.cap + e.requested, None
+    return a.peak_reserved, a.peak_allocated
 
 
 __all__ = ["estimate", "Breakdown", "METHODS", "ADVICE"]
