@@ -1,4 +1,5 @@
-"""How fast each session's host launched kernels, from the host-bound rows of the committed H200 (and H100) measurements.
+"""How fast each session's host launched kernels, from the host-bound rows of the committed H200 (and H100)
+measurements.
 
     python benchmarks/host_speed.py [JSONL ...]    # anywhere: no GPU needed; default: time_validate's files
 

@@ -1,4 +1,5 @@
-"""The step-time model against measured step times on the H200 (and the H100): fit, compare, and a held-out set to measure.
+"""The step-time model against measured step times on the H200 (and the H100): fit, compare, and a held-out
+set to measure.
 
     python benchmarks/time_validate.py compare JSONL ...          # anywhere: predicted vs measured per row
     python benchmarks/time_validate.py compare docs/data/*.jsonl  # the in-sample table of docs/time-model.md
@@ -15,7 +16,8 @@ of predicted vs measured within each model. Measured is `throughput.step_time_me
 (runs made after it existed), else `step_time_s`.
 Each row is predicted at the speed of the card it ran on (`ran_on`: the H200, or the H100 of held-out 14). Rows
 measured under `--gpu CARD` or `--memory-cap` ran there with capped memory, at that card's speed: they are
-predicted at its speed, with the SDPA kernel the emulated card has (no flash on a T4 or V100). Rows of `--engine trainer` (Trainer's own loop, gradient clipping) are left out.
+predicted at its speed, with the SDPA kernel the emulated card has (no flash on a T4 or V100). Rows of
+`--engine trainer` (Trainer's own loop, gradient clipping) are left out.
 
 `measure` runs TIME_SET with `trainmem run` in a fresh process each (validate.py's `isolated`), with
 `STEPS` steps so that the median of at least four steady steps is timed (steps 1-2 are probed).

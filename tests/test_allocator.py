@@ -119,10 +119,10 @@ def test_capped_h200_traces_replay_to_the_byte_and_run_out_where_the_real_runs_d
 
 
 def test_allocated_counts_the_blocks_as_max_memory_allocated_does():
-    """max_memory_allocated counts blocks: a large-pool block keeps a remainder of 1 MiB or less unsplit. Held-out
-    14's qwen2.5-0.5b bf16 b1 x 256 (first in its traced process, on the H200): its events add up to 53 MiB
-    less than the measured peak, their replay through the allocator's blocks to the measured peak exactly; and
-    the estimate, which reports the replay's blocks, is within 0.1% of it."""
+    """max_memory_allocated counts blocks: a large-pool block keeps a remainder of 1 MiB or less unsplit.
+    Held-out 14's qwen2.5-0.5b bf16 b1 x 256 (first in its traced process, on the H200): its events add up to
+    53 MiB less than the measured peak, their replay through the allocator's blocks to the measured peak
+    exactly; and the estimate, which reports the replay's blocks, is within 0.1% of it."""
     path = Path(__file__).parent.parent / "docs" / "data" / "trace-held-out-14-x0-held-out-12-w6-h200-2026-12-05.json.gz"
     t = json.loads(gzip.open(path, "rt").read())["traces"][0]
     assert t["index"] == "x0" and not t["start_segments"]

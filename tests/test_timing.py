@@ -261,12 +261,14 @@ def test_measured_rows_are_predicted_at_the_card_they_ran_on():
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
     import time_validate
 
-    row = {"model": {"name": "qwen2.5-0.5b"}, "setup": TrainSetup(batch_size=8, seq_len=1024, precision="bf16").to_dict()}
+    setup = TrainSetup(batch_size=8, seq_len=1024, precision="bf16")
+    row = {"model": {"name": "qwen2.5-0.5b"}, "setup": setup.to_dict()}
     h100 = {**row, "env": {"gpu": "NVIDIA H100 80GB HBM3"}}
     h200 = {**row, "env": {"gpu": "NVIDIA H200"}}
     assert time_validate.ran_on(h100) == "H100-80GB" and time_validate.ran_on(h200) == "H200"
     assert time_validate.ran_on({**row, "env": {"gpu": "NVIDIA A100-SXM4-80GB"}}) is None
-    assert time_validate.predict(h100) == timing.step_time(time_validate._row_work(h100)[0], CATALOG["H100-80GB"]).step_s
+    work = time_validate._row_work(h100)[0]
+    assert time_validate.predict(h100) == timing.step_time(work, CATALOG["H100-80GB"]).step_s
     assert time_validate.predict(h100) > time_validate.predict(h200)  # the same work at the H100's lower figures
 
 
