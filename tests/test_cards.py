@@ -54,7 +54,7 @@ def test_every_figure_has_a_source():
     ("4090", "RTX-4090"), ("rtx4090", "RTX-4090"), ("RTX-4090", "RTX-4090"), ("NVIDIA GeForce RTX 4090", "RTX-4090"),
     ("h100", "H100-80GB"), ("l4", "L4"), ("Tesla T4", "T4"), ("t4", "T4"), ("A100_80GB", "A100-80GB"),
     ("NVIDIA A100-SXM4-40GB", "A100-40GB"), ("3060", "RTX-3060-12GB"), ("rtx a6000", "A6000"), ("l40s", "L40S"),
-    ("5090", "RTX-5090"), ("a4000", "A4000"), ("NVIDIA H200", "H200"),
+    ("5090", "RTX-5090"), ("a4000", "A4000"), ("NVIDIA H200", "H200"), ("NVIDIA H100 80GB HBM3", "H100-80GB"),
 ])
 def test_cards_as_users_name_them(name, card):
     assert find_gpu(name) is CATALOG[card]
