@@ -17,8 +17,8 @@ import argparse
 import torch
 
 import trainmem
-from trainmem.data import Sample, dummy_dataset
-from trainmem.verify import TOLERANCES, compare_gradients, prepare_model
+from trainmem.measure.data import Sample, dummy_dataset
+from trainmem.measure.verify import TOLERANCES, compare_gradients, prepare_model
 
 MAX_LEN, FULL, MICRO = 64, 8, 4
 SPREADS = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]

@@ -8,7 +8,7 @@ validate.HELD_OUT_8[N], wN for validate.HELD_OUT_12[N], xN for validate.HELD_OUT
 on a T4; under its `gpu` emulation where it names one) runs as in validate.py (STEPS=6 for the six steps of the
 held-out sets from held-out 4 on; default 3), under `torch.cuda.memory._record_memory_history`; the trace
 keeps, per event, its action (alloc, free_completed, segment_alloc, ...), size and address. The estimator's
-allocator replay (trainmem.estimator.allocator) is checked against these: replaying the real alloc/free sequence
+allocator replay (trainmem.estimator.memory.allocator) is checked against these: replaying the real alloc/free sequence
 must give the real segments, and the simulated sequence should come close to it. Allocations of 1 MiB or more keep
 their three innermost Python frames.
 """
@@ -22,10 +22,20 @@ import os
 import sys
 import time
 
-from validate import (HELD_OUT, HELD_OUT_2, HELD_OUT_4, HELD_OUT_6, HELD_OUT_7, HELD_OUT_8, HELD_OUT_12, HELD_OUT_14,
-                      MODELS, SETUPS)
+from validate import (
+    HELD_OUT,
+    HELD_OUT_2,
+    HELD_OUT_4,
+    HELD_OUT_6,
+    HELD_OUT_7,
+    HELD_OUT_8,
+    HELD_OUT_12,
+    HELD_OUT_14,
+    MODELS,
+    SETUPS,
+)
 
-from trainmem.chapter import RUNS
+from trainmem.config.chapter import RUNS
 
 DEFAULT = [0, 1, 3, 6, 7, 14, 22, 26, 35]
 CHAPTER_T4 = [("neox", {**run.setup.to_dict(), "gpu": "T4"}) for run in RUNS]
@@ -47,7 +57,7 @@ def main(out_dir: str, indices: list[str]) -> int:
     import torch
 
     import trainmem
-    from trainmem.engines import execute
+    from trainmem.measure.engines import execute
 
     os.makedirs(out_dir, exist_ok=True)
     traces = []

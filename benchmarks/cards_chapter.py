@@ -16,8 +16,8 @@ import time
 from typing import Any
 
 import trainmem.estimator as est
-from trainmem.chapter import MODEL, RUNS
-from trainmem.gpus import CATALOG
+from trainmem.config.chapter import MODEL, RUNS
+from trainmem.hardware.gpus import CATALOG
 
 _memo: dict[tuple[Any, ...], Any] = {}
 _simulate_step = est.simulate_step

@@ -15,7 +15,7 @@ import sys
 import time
 
 import trainmem
-from trainmem.chapter import GB, MODEL, RUNS
+from trainmem.config.chapter import GB, MODEL, RUNS
 
 
 def fmt(x: float | None) -> str:

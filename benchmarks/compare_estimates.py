@@ -14,15 +14,15 @@ the 16-bytes-per-parameter rule, as relative errors of `peak_allocated` against
 from __future__ import annotations
 
 import argparse
-from typing import Callable
 import statistics
 import sys
 import time
+from typing import Callable
 
 import trainmem
-from trainmem.gpus import find_gpu
-from trainmem.result import read_rows
 from trainmem.estimator import estimate
+from trainmem.hardware.gpus import find_gpu
+from trainmem.result import read_rows
 
 GiB = 2**30
 

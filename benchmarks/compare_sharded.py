@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import statistics
+import sys
 import time
 
 import trainmem

@@ -25,7 +25,7 @@ import transformers
 
 import trainmem
 from trainmem.estimator import estimate
-from trainmem.report import write_report
+from trainmem.output.report import write_report
 from trainmem.result import read_rows
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -3,7 +3,6 @@ per GPU, for docs/sharding.md. Usage: PYTHONPATH=src python benchmarks/fsdp_anal
 
 from __future__ import annotations
 
-import sys
 import time
 import warnings
 

@@ -27,7 +27,7 @@ BOUND = 1.3
 
 def host_bound(paths: list[str]) -> dict[str, list[tuple[str, float, float]]]:
     """Per file: (row label, measured microseconds per launch, the model's error) of its host-bound rows."""
-    from trainmem.estimator import timing
+    from trainmem.estimator.time import step as timing
 
     out: dict[str, list[tuple[str, float, float]]] = {}
     for path, r in tv.timed(tv.rows(paths)):

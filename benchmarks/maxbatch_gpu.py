@@ -5,7 +5,7 @@
 With CARD:METHOD arguments (e.g. T4:qlora) only those combinations run.
 
 Each combination is one `trainmem max-batch --json` process (its trials are isolated runs under a cap of
-RELAX times the card, see `trainmem.maxbatch`). Several combinations run at once on one big GPU while the
+RELAX times the card, see `trainmem.search.maxbatch`). Several combinations run at once on one big GPU while the
 sum of their caps stays under BUDGET_GIB, so a trial can only run out of memory at its own cap, never
 because a neighbour took the card.
 Answers are appended as they finish, each with its wall time.
@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from trainmem.maxbatch import RELAX
+from trainmem.search.maxbatch import RELAX
 
 CARDS = {"T4": 15, "A100-40GB": 40, "H100-80GB": 80}
 METHODS = {"full": [], "lora": ["--peft", "lora"], "qlora": ["--peft", "qlora", "--checkpointing"]}

@@ -19,8 +19,8 @@ import time
 import torch
 
 import trainmem
-from trainmem.build import build_model
-from trainmem.data import dummy_dataset, micro_batches
+from trainmem.measure.build import build_model
+from trainmem.measure.data import dummy_dataset, micro_batches
 
 
 def bare(model_name: str, batch_size: int, steps: int, precision: str) -> float:

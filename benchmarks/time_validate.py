@@ -156,8 +156,9 @@ def rows(paths: list[str]) -> list[tuple[str, dict[str, Any]]]:
 @functools.lru_cache(maxsize=None)
 def _work(model: str, setup_json: str, card: str) -> Any:
     import trainmem
-    from trainmem.estimator import states, timing
-    from trainmem.gpus import CATALOG, find_gpu
+    from trainmem.estimator.memory import states
+    from trainmem.estimator.time import step as timing
+    from trainmem.hardware.gpus import CATALOG, find_gpu
 
     spec = trainmem.ModelSpec.resolve(model)
     setup = trainmem.TrainSetup.from_dict(json.loads(setup_json))
@@ -172,7 +173,7 @@ def _work(model: str, setup_json: str, card: str) -> Any:
 
 def _row_work(row: dict[str, Any]) -> tuple[Any, Any]:
     """A measured row's workload and the catalog card it ran on."""
-    from trainmem.gpus import CATALOG
+    from trainmem.hardware.gpus import CATALOG
 
     card = ran_on(row) or "H200"
     return _work(row["model"]["name"], json.dumps(row["setup"], sort_keys=True), card), CATALOG[card]
@@ -181,7 +182,7 @@ def _row_work(row: dict[str, Any]) -> tuple[Any, Any]:
 def predict(row: dict[str, Any]) -> float:
     """Predicted seconds per step of a measured row's setup on the card it ran on (under `--gpu CARD`
     too: a cap changes the memory, not the speed; the attention kernel is the emulated card's, `_work`)."""
-    from trainmem.estimator import timing
+    from trainmem.estimator.time import step as timing
 
     return timing.step_time(*_row_work(row)).step_s
 
@@ -260,7 +261,7 @@ def _fit_rows(data: list[dict[str, Any]], start: dict[str, float] | None = None,
     and the rms log error."""
     import math
 
-    from trainmem.estimator import timing
+    from trainmem.estimator.time import step as timing
 
     works = [(*_row_work(r), measured_s(r)) for r in data]
     names = list(timing.FITTED)
@@ -296,7 +297,7 @@ def cv(paths: list[str] = FIT_FILES) -> int:
     by model name). Prints median and worst |error| of the out-of-fold predictions and the Spearman within
     each model of the leave-one-file-out predictions. Not a held-out check: the structure itself was chosen
     looking at every row."""
-    from trainmem.estimator import timing
+    from trainmem.estimator.time import step as timing
 
     data = timed(rows(paths))
     committed = {n: getattr(timing, n) for n in timing.FITTED}

@@ -3,7 +3,7 @@
     python benchmarks/trace_compare.py TRACES.json.gz [INDEX ...]   # anywhere: no GPU needed
 
 For each trace of `allocator_trace.py` (validate.py's held-out rows sN, tN, uN, wN, xN), two replays through
-`trainmem.estimator.allocator` under the row's cap: the real alloc/free sequence (with `empty_cache` where the
+`trainmem.estimator.memory.allocator` under the row's cap: the real alloc/free sequence (with `empty_cache` where the
 driver got segments back), and the simulate method's own ledger for the same setup, replayed as the estimate
 does (its last step repeated until the allocator settles). Each ends at its first
 out-of-memory request or runs to the end; printed side by side with the measured outcome, they show whether a
@@ -22,9 +22,18 @@ from allocator_trace import SETS
 from validate import MODELS
 
 import trainmem
-from trainmem.estimator.allocator import AllocatorOOM, CachingAllocator, replay_steps, trace_events
-from trainmem.estimator.simulate import model_builder, simulate_step, steady_start
-from trainmem.gpus import CATALOG, find_gpu
+from trainmem.estimator.memory.allocator import (
+    AllocatorOOM,
+    CachingAllocator,
+    replay_steps,
+    trace_events,
+)
+from trainmem.estimator.memory.simulate import (
+    model_builder,
+    simulate_step,
+    steady_start,
+)
+from trainmem.hardware.gpus import CATALOG, find_gpu
 
 GiB = 2**30
 

@@ -4,7 +4,7 @@
 
 `allocator_trace.py`'s traces hold every step of a run: the first two probed by trainmem's tensor ledger (a
 Python dispatch mode), the rest run as a user's would, without it. The real alloc/free sequence is replayed
-through `trainmem.estimator.allocator` (which reproduces the measured `peak_reserved` from it) and cut into
+through `trainmem.estimator.memory.allocator` (which reproduces the measured `peak_reserved` from it) and cut into
 windows at every PER_STEP-th request of MIB MiB in the trace of row INDEX (`w3`): a tensor allocated a fixed
 number of times per step, such as the logits. Each window's peaks are printed: where they differ after the probed
 steps, the run without the ledger allocates differently (held-out 12, docs/estimate-validation.md).
@@ -16,7 +16,7 @@ import gzip
 import json
 import sys
 
-from trainmem.estimator.allocator import CachingAllocator, replay, trace_events
+from trainmem.estimator.memory.allocator import CachingAllocator, replay, trace_events
 
 GiB = 2**30
 

@@ -9,8 +9,15 @@ from pathlib import Path
 import pytest
 
 import trainmem
-from trainmem.estimator.allocator import (AllocatorOOM, CachingAllocator, repeat_until_settled, replay,
-                                          round_size, segment_size, trace_events)
+from trainmem.estimator.memory.allocator import (
+    AllocatorOOM,
+    CachingAllocator,
+    repeat_until_settled,
+    replay,
+    round_size,
+    segment_size,
+    trace_events,
+)
 
 MiB = 2**20
 TRACE = Path(__file__).parent / "data" / "allocator-trace-polyglot-b4-h200.json.gz"
@@ -66,7 +73,7 @@ def test_cap_frees_cached_segments_then_runs_out():
 
 
 def test_recorded_empty_cache_releases_the_free_segments():
-    from trainmem.measure import EMPTY_CACHE
+    from trainmem.measure.ledger import EMPTY_CACHE
 
     a = replay([("x", 60 * MiB), ("y", 30 * MiB), ("x", -1), (EMPTY_CACHE, 0)])
     assert a.reserved == 30 * MiB and a.peak_reserved == 90 * MiB

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from trainmem import ModelSpec, TrainSetup, estimate
-from trainmem.estimator.autocast import CudaAutocast
+from trainmem.estimator.memory.autocast import CudaAutocast
 
 BF16 = torch.bfloat16
 
@@ -50,7 +50,7 @@ def test_weight_cache_holds_trainable_weights_only_for_the_region():
 
 
 def test_amp_estimate_is_simulated_and_keeps_half_weight_copies_under_checkpointing():
-    from trainmem.estimator.states import meta_model
+    from trainmem.estimator.memory.states import meta_model
 
     spec = ModelSpec.resolve("tiny-llama")
     setup = TrainSetup(precision="amp-bf16", batch_size=8, seq_len=256, checkpointing=True)

@@ -6,8 +6,8 @@ import torch
 
 from trainmem import SetupError, TrainSetup, find_gpu
 from trainmem.estimator.breakdown import Breakdown
-from trainmem.estimator.simulate import sdpa_kernel
-from trainmem.gpus import CATALOG, gpu_problem
+from trainmem.hardware.cuda import derived_context, sdpa_kernel
+from trainmem.hardware.gpus import CATALOG, gpu_problem
 
 MiB, GiB = 2**20, 2**30
 
@@ -126,7 +126,7 @@ def test_the_verdict_says_where_the_methods_disagree():
 
 
 def test_the_verdict_line_says_the_level():
-    from trainmem.render import verdict_line
+    from trainmem.output.render import verdict_line
 
     t4 = CATALOG["T4"]
     tight = _breakdown(t4.capacity - t4.context - 16 * MiB).verdict("T4")
@@ -143,7 +143,7 @@ def test_the_verdict_line_says_the_level():
 def test_the_chapters_t4_rows():
     """The book's outcomes on its T4: everything but batch 16 fits (or is tight, with the reason), batch 16
     does not, by both methods (simulate carries the analytic reserved bytes along)."""
-    from trainmem.chapter import MODEL, RUNS
+    from trainmem.config.chapter import MODEL, RUNS
     from trainmem.estimator import estimate
 
     levels, notes = {}, {}
@@ -173,7 +173,7 @@ def test_gpu_left_out_means_this_card(monkeypatch):
 
     import torch
 
-    from trainmem import gpus
+    from trainmem.hardware import gpus
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     t4 = types.SimpleNamespace(name="Tesla T4", total_memory=gpus.find_gpu("T4").capacity, major=7, minor=5,
@@ -192,6 +192,6 @@ def test_gpu_left_out_means_this_card(monkeypatch):
     name = gpus.this_card()
     card = gpus.find_gpu(name)
     assert name == "NVIDIA RTX A2000 12GB" and card.capacity == 12_622_168_064 and card.bf16 and card.flash
-    assert card.context == gpus.derived_context((8, 6), 26)
+    assert card.context == derived_context((8, 6), 26)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert gpus.this_card() is None

@@ -3,8 +3,15 @@ import json
 import pytest
 
 from trainmem import SetupError
-from trainmem.accumulation import label_tokens, windows
-from trainmem.data import IGNORE, collate, dummy_dataset, micro_batches, read_texts, text_dataset
+from trainmem.measure.accumulation import label_tokens, windows
+from trainmem.measure.data import (
+    IGNORE,
+    collate,
+    dummy_dataset,
+    micro_batches,
+    read_texts,
+    text_dataset,
+)
 
 
 def test_dummy_dataset_is_the_seeds():

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 from trainmem import ModelSpec, TrainSetup
-from trainmem.emulation import prepare, workspace_bytes, workspace_config
-from trainmem.gpus import find_gpu
-from trainmem.engines import execute
+from trainmem.hardware.cuda import workspace_bytes, workspace_config
+from trainmem.hardware.gpus import find_gpu
+from trainmem.measure.emulation import prepare
+from trainmem.measure.engines import execute
 
 
 def test_workspace_config_is_pytorchs_default_for_the_card():
     for name in ("T4", "A10G", "RTX-4090", "A100-80GB", "H100-80GB", "H200"):
         card = find_gpu(name)
-        assert workspace_bytes(workspace_config(card)) == card.cublas_workspace
-    assert workspace_config(find_gpu("T4")) == ":4096:2:16:8"  # 8 MiB + 128 KiB before Hopper
-    assert workspace_config(find_gpu("H100-80GB")) == ":4096:8"  # 32 MiB on sm90
+        assert workspace_bytes(workspace_config(card.sm)) == card.cublas_workspace
+    assert workspace_config(find_gpu("T4").sm) == ":4096:2:16:8"  # 8 MiB + 128 KiB before Hopper
+    assert workspace_config(find_gpu("H100-80GB").sm) == ":4096:8"  # 32 MiB on sm90
 
 
 def test_prepare_sets_the_workspace_and_says_what_is_not_emulated(monkeypatch):

@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from trainmem import ModelSpec, SetupError, TrainSetup, estimate
-from trainmem.estimator import analytic, quantized, states
-from trainmem.gpus import CATALOG
-from trainmem.engines import execute
+from trainmem.estimator.memory import analytic, quantized, states
+from trainmem.hardware.gpus import CATALOG
+from trainmem.measure.engines import execute
 
 TINY = dict(batch_size=2, seq_len=32, steps=2, num_samples=8, device="cpu")
 
@@ -81,34 +81,33 @@ def test_breakdown_adds_up_and_verdict():
 def test_simulated_bitsandbytes_states_equal_the_closed_form_rules(kw):
     """The meta stand-ins (estimator/quantized.py) hold exactly the NF4 and 8-bit Adam bytes that
     states.py computes and that H200 runs measured (docs/estimate-validation.md)."""
-    from trainmem.estimator.simulate import simulate_step
+    from trainmem.estimator.memory.simulate import simulate_step
 
     spec = ModelSpec.resolve("tiny-gpt-neox")
     setup = TrainSetup(precision="bf16", batch_size=2, seq_len=32, **kw)
     b = estimate(spec, setup, "simulate")
     assert b.method == "simulate"
     inv = states.inventory(spec, setup, "bf16")
-    from trainmem.estimator.simulate import model_builder
+    from trainmem.estimator.memory.simulate import model_builder
 
     ledger, final = simulate_step(model_builder(spec, setup, "bf16", CATALOG["H200"]), setup)
     assert (final.weights, final.optimizer) == (states.weights(inv), states.optimizer(inv, setup.optimizer))
 
 
 def test_simulation_records_the_build_and_cublas_workspaces_as_a_gpu_run_does():
-    from trainmem.estimator import runtime
-    from trainmem.estimator.simulate import model_builder
-    from trainmem.estimator.simulate import simulate_step
-    from trainmem.measure import EMPTY_CACHE
+    from trainmem.estimator.memory.simulate import model_builder, simulate_step
+    from trainmem.hardware import cuda
+    from trainmem.measure.ledger import EMPTY_CACHE
 
     spec = ModelSpec.resolve("tiny-qwen2")  # tied output head: allocated, then freed when tied
     setup = TrainSetup(precision="bf16", batch_size=2, seq_len=32)
     ledger, _ = simulate_step(model_builder(spec, setup, "bf16", CATALOG["H200"]), setup)
     sizes = {k: n for k, n in ledger.events if n >= 0}
     head = spec.config["vocab_size"] * spec.config["hidden_size"] * 2
-    workspace = runtime.CUBLAS_WORKSPACE // runtime.CUBLAS_HANDLES
+    workspace = cuda.cublas_workspace((9, 0))
     holds = [i for i, (k, n) in enumerate(ledger.events) if n == workspace]
     frees = [i for i, (k, n) in enumerate(ledger.events) if n == -1 and sizes[k] == head]
-    assert len(holds) == runtime.CUBLAS_HANDLES  # one per handle, at its first matrix product
+    assert len(holds) == cuda.CUBLAS_HANDLES  # one per handle, at its first matrix product
     assert frees and frees[0] < holds[0]  # the untied head goes during the build, before any product
     qlora = simulate_step(model_builder(spec, setup.replace(peft="qlora"), "bf16", CATALOG["H200"]),
                           setup.replace(peft="qlora"))[0]
@@ -124,8 +123,7 @@ def test_the_4bit_load_goes_in_the_checkpoints_sorted_key_order():
     """safetensors sorts a checkpoint's keys and transformers loads in that order (H200 traces of held-out 6):
     GPT-NeoX's `attention.dense` (h x h) comes before `attention.query_key_value` (3h x h), the reverse of the
     module order; each quantized weight is first copied to the device in 16 bits."""
-    from trainmem.estimator.simulate import model_builder
-    from trainmem.estimator.simulate import simulate_step
+    from trainmem.estimator.memory.simulate import model_builder, simulate_step
 
     spec = ModelSpec.resolve("tiny-gpt-neox")
     setup = TrainSetup(precision="bf16", batch_size=1, seq_len=8, peft="qlora")
@@ -139,8 +137,7 @@ def test_the_math_attention_paths_safe_softmax_allocates_its_mask_inside():
     """fp32 with grouped KV heads runs SDPA's math path, whose `_safe_softmax` is one operator to the ledger
     but allocates, after its probabilities, a boolean (b, h, s, s) test and its (b, h, s) row reduction,
     freed before it returns (H200 trace of held-out 8's llama-3.2-3b QLoRA row; tests/gpu checks CUDA)."""
-    from trainmem.estimator.simulate import model_builder
-    from trainmem.estimator.simulate import simulate_step
+    from trainmem.estimator.memory.simulate import model_builder, simulate_step
 
     spec = ModelSpec.resolve("tiny-llama")  # 4 heads over 2 KV heads
     setup = TrainSetup(precision="fp32", batch_size=2, seq_len=16, steps=1).resolved(spec)
@@ -160,7 +157,7 @@ def test_peft_clones_the_4bit_output_after_the_layers_compute_copy_is_freed():
     its fp32 input and its bf16 product are freed (H200 trace of held-out 8's mistral-7b QLoRA row)."""
     import torch
 
-    from trainmem.measure import StateBytes, TensorLedger
+    from trainmem.measure.ledger import StateBytes, TensorLedger
 
     layer = quantized.Linear4bit(torch.nn.Linear(64, 32, device="meta"), torch.bfloat16)
     layer.lora_clone = True
@@ -188,7 +185,7 @@ def test_the_4bit_forward_keeps_both_absmax_buffers_until_the_product_exists():
     16-bit weight, the product, and only then the three freed (H200 trace of held-out 7's phi-3-mini row)."""
     import torch
 
-    from trainmem.measure import StateBytes, TensorLedger
+    from trainmem.measure.ledger import StateBytes, TensorLedger
 
     layer = quantized.Linear4bit(torch.nn.Linear(4096, 64, bias=False, device="meta"), torch.bfloat16)
     x = torch.empty(8, 4096, device="meta", dtype=torch.bfloat16)
@@ -251,7 +248,7 @@ def test_estimate_cli_json_and_errors():
 
 def test_zero_paper_example_per_gpu_states():
     """ZeRO paper, Figure 1: 7.5B parameters, 64 GPUs, mixed-precision Adam (2 + 2 + 12 bytes)."""
-    from trainmem.estimator.sharding import rank_states
+    from trainmem.estimator.memory.sharding import rank_states
 
     psi, n = 7_500_000_000, 64
     expected = {"none": 120e9, "zero1": 31.4e9, "zero2": 16.6e9, "zero3": 1.9e9}
@@ -336,7 +333,7 @@ def test_estimate_says_which_versions_its_kernel_model_was_validated_on(monkeypa
     import torch
     import transformers
 
-    from trainmem.estimator import runtime
+    from trainmem.estimator.memory import runtime
 
     b = estimate("tiny-llama", TrainSetup(batch_size=2, seq_len=32), "analytic")
     assert b.env == {"torch": torch.__version__, "transformers": transformers.__version__,

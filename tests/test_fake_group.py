@@ -10,9 +10,9 @@ import torch
 import torch.distributed as dist
 
 from trainmem import ModelSpec, SetupError, TrainSetup
-from trainmem.estimator.sharding import rank_states
-from trainmem.fake_group import precision_policy
-from trainmem.engines import execute
+from trainmem.estimator.memory.sharding import rank_states
+from trainmem.fsdp import precision_policy
+from trainmem.measure.engines import execute
 
 SPEC = ModelSpec.resolve("tiny-gpt-neox")
 BASE = dict(batch_size=2, seq_len=32, steps=2, num_samples=8, device="cpu", precision="fp32", shard="fsdp")
@@ -60,7 +60,7 @@ def test_rank_all_runs_each_rank_and_the_worst_is_the_top_level():
 def test_lora_on_fsdp2_shards_the_frozen_base_and_trains_the_adapters():
     r = execute(SPEC, TrainSetup(gpus=2, rank=0, peft="lora", checkpointing=True, **BASE))
     assert r.status == "ok", r.error
-    from trainmem.build import build_model
+    from trainmem.measure.build import build_model
 
     model = build_model(SPEC, TrainSetup(peft="lora", device="cpu", precision="fp32"), "cpu", "fp32")
     adapters = [p for p in model.parameters() if p.requires_grad]
@@ -90,7 +90,7 @@ def test_rank_errors_name_the_flag_and_the_fix():
 def test_an_existing_process_group_is_not_silently_reused():
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from trainmem.fake_group import fake_group
+    from trainmem.fsdp import fake_group
 
     dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
     try:

@@ -15,8 +15,8 @@ import transformers
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import profile
 
-from trainmem.estimator.simulate import SimulatedLedger, cuda_choices
-from trainmem.measure import StateBytes, TensorLedger
+from trainmem.estimator.memory.simulate import SimulatedLedger, cuda_choices
+from trainmem.measure.ledger import StateBytes, TensorLedger
 
 
 def _llama(checkpointing: bool) -> Any:

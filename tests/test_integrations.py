@@ -8,13 +8,13 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from trainmem import ModelSpec, SetupError, TrainSetup
-from trainmem.build import build_model
-from trainmem.data import collate, dummy_dataset
 from trainmem.integrations import MemoryCallback
 from trainmem.integrations.trainer import _Samples
-from trainmem.measure import state_bytes
+from trainmem.measure.build import build_model
+from trainmem.measure.data import collate, dummy_dataset
+from trainmem.measure.engines import execute
+from trainmem.measure.ledger import state_bytes
 from trainmem.result import MEMORY_KEYS, SCHEMA
-from trainmem.engines import execute
 
 SPEC = ModelSpec.resolve("tiny-gpt-neox")
 SETUP = TrainSetup(batch_size=2, seq_len=32, steps=3, num_samples=16, device="cpu")

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from trainmem import ModelSpec, TrainSetup
+from trainmem.config.commands import run_command, training_arguments
 from trainmem.estimator import Breakdown, estimate
-from trainmem.gpus import CATALOG, GiB
-from trainmem.plan import family, grid, job_tokens, run_command, search, training_arguments
+from trainmem.hardware.gpus import CATALOG, GiB
+from trainmem.search.plan import family, grid, job_tokens, search
 
 SPEC = ModelSpec.resolve("tiny-llama")
 BASE = TrainSetup(seq_len=32, precision="fp16").validate(SPEC)

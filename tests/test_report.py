@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trainmem.report import load_rows, tables, write_report
+from trainmem.output.report import load_rows, tables, write_report
 
 SAMPLE = Path(__file__).parent / "data" / "chapter-sample.jsonl"
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -22,7 +22,7 @@ def report(tmp_path_factory):
 
 
 def test_report_package_never_imports_torch():
-    code = "import trainmem.report, sys; assert 'torch' not in sys.modules, 'torch was imported'"
+    code = "import trainmem.output.report, sys; assert 'torch' not in sys.modules, 'torch was imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trainmem import ModelSpec, SetupError, TrainSetup, run
-from trainmem.engines import execute
+from trainmem.measure.engines import execute
 
 SPEC = ModelSpec.resolve("tiny-gpt-neox")
 
@@ -231,8 +231,8 @@ def test_batch_larger_than_the_dummy_data_still_runs_full_micro_batches():
 def test_a_qlora_presets_random_weights_are_made_on_the_cpu_where_the_cap_cannot_hold_them():
     """llama-3.1-8b's 16 GB of bf16 weights under the A4000's cap ran out of memory before the 4-bit load
     (held-out 11 on the H200): made on the CPU there, on the GPU where they fit with room to spare."""
-    from trainmem.build import init_device
-    from trainmem.gpus import find_gpu
+    from trainmem.hardware.gpus import find_gpu
+    from trainmem.measure.build import init_device
 
     big, small = ModelSpec.resolve("llama-3.1-8b"), ModelSpec.resolve("llama-3.2-1b")
     cap = TrainSetup(peft="qlora", precision="bf16", gpu="A4000").cap_bytes("bf16")

@@ -3,7 +3,7 @@ import dataclasses
 import pytest
 
 from trainmem import ModelSpec, SetupError, TrainSetup, find_gpu
-from trainmem.sources import parse_bytes
+from trainmem.config.sources import parse_bytes
 
 
 def test_defaults_mirror_the_seed():
@@ -117,7 +117,7 @@ def test_every_setup_field_has_a_docstring():
     import ast
     import inspect
 
-    from trainmem import setup
+    from trainmem.config import setup
 
     [cls] = [n for n in ast.parse(inspect.getsource(setup)).body if getattr(n, "name", "") == "TrainSetup"]
     documented = {a.target.id for a, b in zip(cls.body, cls.body[1:])
@@ -128,7 +128,7 @@ def test_every_setup_field_has_a_docstring():
 
 
 def test_in_process_this_machines_problems_come_with_the_setups():
-    from trainmem.engines import execute
+    from trainmem.measure.engines import execute
 
     with pytest.raises(SetupError) as e:
         execute(ModelSpec.resolve("tiny-gpt-neox"), TrainSetup(batch_size=0, peft="qlora", device="cpu"))

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from trainmem import ModelSpec, SetupError
-from trainmem.specs import PRESETS
+from trainmem.config.specs import PRESETS
 
 # Published parameter counts (model cards / safetensors metadata of the Hugging Face checkpoints).
 PUBLISHED = {

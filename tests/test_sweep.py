@@ -10,7 +10,7 @@ import time
 import pytest
 
 from trainmem.errors import SetupError
-from trainmem.sweep import axes, expand, preset_points, resolve
+from trainmem.search.sweep import axes, expand, preset_points, resolve
 
 CLI = [sys.executable, "-m", "trainmem.cli", "sweep"]
 

@@ -10,8 +10,11 @@ import sys
 import pytest
 
 from trainmem import ModelSpec, TrainSetup
-from trainmem.estimator import estimate, kernels, states, timing
-from trainmem.gpus import CATALOG, SPEEDS
+from trainmem.estimator import estimate
+from trainmem.estimator.memory import states
+from trainmem.estimator.time import kernels
+from trainmem.estimator.time import step as timing
+from trainmem.hardware.gpus import CATALOG, SPEEDS
 
 
 def _work(model: str, setup: TrainSetup, card: str = "H200") -> timing.Workload:

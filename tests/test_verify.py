@@ -11,7 +11,7 @@ import torch
 
 from trainmem import ModelSpec, SetupError, TrainSetup, verify_accumulation
 from trainmem.cli import main as cli_main
-from trainmem.verify import group_of
+from trainmem.measure.verify import group_of
 
 EXACT = 1e-10
 # The naive rule is off by 0.22-0.26 on these models' partial windows (8 = 3 + 3 + 2, seq 32-256:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from .config.setup import TrainSetup, from_training_arguments
+from .config.specs import ModelSpec
+from .measure.runner import run
 from .result import Result
-from .runner import run
-from .setup import TrainSetup, from_training_arguments
-from .specs import ModelSpec
 
 
 def gpu_memory_experiment(batch_size: int = 4, gradient_accumulation_steps: int = 1,

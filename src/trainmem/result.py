@@ -18,7 +18,6 @@ from typing import Any
 SCHEMA = "trainmem.result/1"
 MEMORY_KEYS = ("weights", "gradients", "optimizer", "activations", "other",
                "peak_allocated", "peak_reserved", "device_used")
-STATUSES = ("ok", "oom", "error", "skipped")
 
 
 def empty_memory() -> dict[str, int]:

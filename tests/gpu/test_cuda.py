@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from trainmem import ModelSpec, TrainSetup
-from trainmem.build import has_bitsandbytes
-from trainmem.engines import execute
+from trainmem.measure.build import has_bitsandbytes
+from trainmem.measure.engines import execute
 
 pytestmark = pytest.mark.gpu
 SPEC = ModelSpec.resolve("tiny-llama")
@@ -90,8 +90,8 @@ def test_safe_softmax_allocates_what_the_simulation_adds():
     # boolean test of its input and the per-row reduction of it, which simulate.CudaKernels adds
     import torch
 
-    from trainmem.estimator.allocator import round_size
-    from trainmem.estimator.simulate import CudaKernels
+    from trainmem.estimator.memory.allocator import round_size
+    from trainmem.estimator.memory.simulate import CudaKernels
 
     x = torch.randn(2, 4, 256, 256, device="cuda")
     torch.cuda.synchronize()

@@ -7,7 +7,8 @@ import sys
 
 from rich.console import Console
 
-from ..errors import SetupError
+from trainmem.errors import SetupError
+
 from . import estimate as estimate_cmd
 from . import maxbatch as maxbatch_cmd
 from . import plan as plan_cmd

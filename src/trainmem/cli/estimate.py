@@ -10,7 +10,8 @@ import sys
 
 from rich.console import Console
 
-from ..render import print_result
+from trainmem.output.render import print_result
+
 from . import options
 
 
@@ -22,14 +23,14 @@ def register(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..estimator import estimate  # imports torch: only once an estimate is asked for
+    from trainmem.estimator import estimate
 
     problems: list[str] = []
     margin = options.margin(args, problems)
     spec, setup = options.setup_from_args(args, problems)
     console = Console(stderr=args.json)
     if setup.gpu is None and setup.device != "cpu":
-        from ..gpus import this_card
+        from trainmem.hardware.gpus import this_card
 
         here = this_card()  # with CUDA, --gpu left out means the card this runs on
         setup = setup.replace(gpu=here) if here else setup

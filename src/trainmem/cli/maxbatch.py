@@ -2,7 +2,7 @@
 
 Takes the setup flags of `trainmem run` and `--gpu NAME` (required). With CUDA, the estimate's answer is
 confirmed by real runs (the predicted batch and the next one when the estimate is right, a Newton step on
-the measured bytes when it is not; see `trainmem.maxbatch`); without, the answer is the estimate's.
+the measured bytes when it is not; see `trainmem.search.maxbatch`); without, the answer is the estimate's.
 `--target-batch N` adds the accumulation that reaches N samples a step.
 """
 
@@ -14,8 +14,9 @@ import sys
 
 from rich.console import Console
 
-from ..maxbatch import RunFailed, max_batch, problems
-from ..render import print_max_batch
+from trainmem.output.render import print_max_batch
+from trainmem.search.maxbatch import RunFailed, max_batch, problems
+
 from . import options
 
 
@@ -38,7 +39,7 @@ def main(args: argparse.Namespace) -> int:
         except ValueError:
             target = args.target_batch
     if args.gpu is None:
-        from ..gpus import this_card
+        from trainmem.hardware.gpus import this_card
 
         args.gpu = this_card()  # with CUDA, --gpu left out means the card this runs on
     found += problems(target, args.estimator, args.gpu, grad_accum_given=args.grad_accum is not None)

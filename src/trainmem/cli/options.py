@@ -1,6 +1,6 @@
 """Flags shared by the subcommands, defined once: the setup flags, `--margin`, `--estimator`, `--json`, `--out`.
 
-Values are read as text and converted by `trainmem.sources.load_setup`, so that every bad flag is
+Values are read as text and converted by `trainmem.config.sources.load_setup`, so that every bad flag is
 reported at once instead of argparse stopping at the first one. Precedence: TrainSetup defaults, then
 `--training-args FILE.json` (a transformers TrainingArguments as `args.to_json_string()` writes it),
 then `--config FILE.yaml`, then flags given on the command line.
@@ -10,10 +10,18 @@ from __future__ import annotations
 
 import argparse
 
-from ..gpus import margin_problem
-from ..setup import ATTENTIONS, ENGINES, ESTIMATORS, OPTIMIZERS, PEFTS, PRECISIONS, TrainSetup
-from ..sources import load_setup
-from ..specs import PRESETS, ModelSpec
+from trainmem.config.setup import (
+    ATTENTIONS,
+    ENGINES,
+    ESTIMATORS,
+    OPTIMIZERS,
+    PEFTS,
+    PRECISIONS,
+    TrainSetup,
+)
+from trainmem.config.sources import load_setup
+from trainmem.config.specs import PRESETS, ModelSpec
+from trainmem.hardware.gpus import margin_problem
 
 # flag -> (TrainSetup field, help)
 SETUP_FLAGS: dict[str, tuple[str, str]] = {

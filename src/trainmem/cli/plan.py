@@ -14,9 +14,11 @@ import argparse
 import json
 import sys
 
-from ..plan import DEFAULT_ALLOW, DIMENSIONS, FINALISTS, TOP, make_plan, read_flags
-from ..render import plan_console, print_confirmed, print_plan
+from trainmem.output.render import plan_console, print_confirmed, print_plan
+from trainmem.search.plan import DEFAULT_ALLOW, DIMENSIONS, FINALISTS, TOP, make_plan
+
 from . import options
+from .plan_flags import read_flags
 
 
 def register(p: argparse.ArgumentParser) -> None:
@@ -41,8 +43,8 @@ def register(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    wanted = read_flags(vars(args))  # fills in the preset's flags and, with CUDA, --gpu this card
-    spec, base = options.setup_from_args(args)
+    wanted, flags = read_flags(vars(args))  # with the preset's flags and, with CUDA, --gpu this card
+    spec, base = options.setup_from_args(argparse.Namespace(**flags))
     console = plan_console(stderr=args.json)
     plan = make_plan(spec, base, **wanted, searching=console.status,
                      confirmed=lambda setup, entry: print_confirmed(setup, entry, console))

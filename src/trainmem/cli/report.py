@@ -11,8 +11,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ..errors import SetupError
-from ..gpus import gpu_problem
+from trainmem.errors import SetupError
+from trainmem.hardware.gpus import gpu_problem
 
 
 def register(p: argparse.ArgumentParser) -> None:
@@ -22,7 +22,7 @@ def register(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..report import plots, write_report
+    from trainmem.output.report import plots, write_report
 
     problems = []
     if not Path(args.file).is_file():

@@ -10,8 +10,9 @@ import sys
 
 from rich.console import Console
 
-from ..render import print_result
-from ..runner import run
+from trainmem.measure.runner import run
+from trainmem.output.render import print_result
+
 from . import options
 
 
@@ -42,9 +43,9 @@ def main(args: argparse.Namespace) -> int:
 
 def _seed_estimate(console: Console) -> None:
     """What a user learns without a GPU: the seed's run estimated for the chapter's card."""
-    from ..estimator import estimate
-    from ..render import size
-    from ..setup import TrainSetup
+    from trainmem.config.setup import TrainSetup
+    from trainmem.estimator import estimate
+    from trainmem.output.render import size
 
     b = estimate("polyglot-ko-1.3b", TrainSetup(batch_size=4, precision="fp16", gpu="T4"), "analytic")
     v = b.verdict("T4")

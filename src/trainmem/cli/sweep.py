@@ -10,11 +10,27 @@ from __future__ import annotations
 import argparse
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
-from ..errors import SetupError
-from ..render import sweep_line
-from ..sweep import METHODS, PRESETS, Sweep, axes, expand, preset_points, resolve
+from trainmem.errors import SetupError
+from trainmem.output.render import sweep_line
+from trainmem.search.sweep import (
+    METHODS,
+    PRESETS,
+    Sweep,
+    axes,
+    expand,
+    preset_points,
+    resolve,
+)
+
 from . import options
 
 

@@ -17,7 +17,13 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from ..verify import DROPOUT_NOTE, TOLERANCES, VerifyReport, verify_accumulation
+from trainmem.measure.verify import (
+    DROPOUT_NOTE,
+    TOLERANCES,
+    VerifyReport,
+    verify_accumulation,
+)
+
 from . import options
 
 # A float64 copy on the CPU: the GPU default of `run` (polyglot-ko-1.3b) would need tens of GiB here.

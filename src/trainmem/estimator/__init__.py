@@ -16,24 +16,24 @@ offload use the analytic method (ZeRO unvalidated: DeepSpeed is not run here).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any
 
-import torch
+from trainmem.config.setup import ESTIMATORS, TrainSetup
+from trainmem.config.specs import ModelSpec
+from trainmem.hardware import cuda
+from trainmem.hardware.gpus import CATALOG, GPU, find_gpu
 
-from ..gpus import CATALOG, GPU, find_gpu
-from ..measure import TensorLedger
-from ..setup import ESTIMATORS, TrainSetup
-from ..specs import ModelSpec
-from . import allocator, analytic, quantized, runtime, sharded, sharding, states, timing
 from .breakdown import ADVICE, Breakdown
-from .simulate import model_builder, sdpa_kernel, simulate_step, steady_start
+from .memory import allocator, analytic, runtime, sharded, sharding, states
+from .memory.simulate import model_builder, simulate_step, steady_start
+from .time import step as timing
 
 METHODS = ESTIMATORS
 
 
 def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str = "auto") -> Breakdown:
     """The memory breakdown of `setup` on one CUDA GPU. Raises SetupError for bad input."""
-    from ..errors import SetupError
+    from trainmem.errors import SetupError
 
     spec = ModelSpec.resolve(spec) if isinstance(spec, str) else spec
     setup = (setup or TrainSetup()).validate(spec)
@@ -188,12 +188,9 @@ def _analytic(inv: states.Inventory, setup: TrainSetup, precision: str, ms: dict
     e = 2 if precision in ("fp16", "bf16", "amp-bf16", "amp-fp16") and setup.peft != "qlora" else 4
     # the residual stream runs in fp32 under autocast over fp32 weights and under QLoRA
     r = 4 if (precision.startswith("amp") or setup.peft == "qlora" or e == 4) else 2
-    half = torch.bfloat16 if "bf16" in precision else torch.float16
-    # the choice the simulate method makes per call, here for an unmasked call without grouped heads
-    flash = sdpa_kernel(half if e == 2 else torch.float32, False, None, card.flash) == "flash"
     acts = analytic.activations(t, setup.batch_size, setup.seq_len, e, r, setup.checkpointing,
                                 setup.attention == "eager", _lora_inputs(inv, setup, t.layers),
-                                frozen=setup.peft != "none", flash=flash)
+                                frozen=setup.peft != "none", flash=card.flash)
     terms = dict(acts.terms)
     saved = acts.saved
     if precision.startswith("amp") and setup.shard != "fsdp":
@@ -210,7 +207,7 @@ def _analytic(inv: states.Inventory, setup: TrainSetup, precision: str, ms: dict
     transient = acts.backward_transient + rank.gathered
     fwd_bwd = w + o + g_resident + saved + transient
     terms["optimizer_step_temporaries"] = step_temp
-    workspace = runtime.CUBLAS_HANDLES * card.cublas_workspace
+    workspace = cuda.CUBLAS_HANDLES * card.cublas_workspace
     terms["cublas_workspace"] = workspace
     step = w + g + o + step_temp
     if fwd_bwd >= step:
@@ -267,7 +264,7 @@ def _simulate(spec: ModelSpec, setup: TrainSetup, precision: str, notes: list[st
     memory["peak_allocated"] = max(ledger.peak, blocks or 0)
     memory["other"] += memory["peak_allocated"] - ledger.peak
     phase = "optimizer step" if ledger.peak_phase.endswith("optimizer") else "forward/backward"
-    return memory, phase, {"simulated_peak": ledger.peak, "cublas_workspace": runtime.CUBLAS_HANDLES * card.cublas_workspace,
+    return memory, phase, {"simulated_peak": ledger.peak, "cublas_workspace": cuda.CUBLAS_HANDLES * card.cublas_workspace,
                            "replayed_reserved": reserved}, reserved
 
 

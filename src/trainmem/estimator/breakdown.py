@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..gpus import CATALOG, GPU, find_gpu
-from ..result import Result
+from trainmem.hardware.gpus import CATALOG, GPU, find_gpu
+from trainmem.result import Result
 
 ADVICE = {
     "activations": "activations: add --checkpointing or lower --batch-size (raise --grad-accum to keep the effective batch)",
@@ -28,9 +28,6 @@ ADAPTERS_ADVICE = {
 def advice(cut: str, peft: str) -> str:
     already = peft == "qlora" or (peft == "lora" and cut != "weights")
     return ADAPTERS_ADVICE[cut] if already and cut in ADAPTERS_ADVICE else ADVICE[cut]
-
-
-LEVELS = ("fits", "tight", "no")
 
 
 def level_of(need: int, card: GPU, margin: float) -> str:

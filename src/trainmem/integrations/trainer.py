@@ -28,12 +28,18 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from .. import core
-from ..measure import StateBytes, gradient_tensors, optimizer_tensors, state_bytes, weight_tensors
-from ..result import Result
-from ..setup import TrainSetup
-from ..specs import ModelSpec
-from ..train import Probe, TrainLog
+from trainmem.config.setup import TrainSetup
+from trainmem.config.specs import ModelSpec
+from trainmem.measure.ledger import (
+    StateBytes,
+    gradient_tensors,
+    optimizer_tensors,
+    state_bytes,
+    weight_tensors,
+)
+from trainmem.measure.ledger import stages as core
+from trainmem.measure.train import Probe, TrainLog
+from trainmem.result import Result
 
 LOG_KEYS = ("peak_allocated", "weights", "gradients", "optimizer", "activations", "device_used")
 """Figures added to the Trainer's logs as `trainmem/<key>` (bytes), so they reach its reporters."""
@@ -204,7 +210,7 @@ class MemoryCallback(TrainerCallback):
         return core.read_memory(self.probe, self.ledger, self.device.type)
 
     def _result(self, args: Any, state: Any, model: Any, loader: Any) -> Result:
-        from ..build import trainable_parameters
+        from trainmem.measure.build import trainable_parameters
 
         dataset = getattr(loader, "dataset", None)
         more: dict[str, Any] = {"device": self.device.type, "steps": int(state.max_steps), "engine": "trainer"}
@@ -223,7 +229,7 @@ class MemoryCallback(TrainerCallback):
         return core.finish(result, self.probe, self.ledger, log, self.device.type)
 
     def _compare(self) -> None:
-        from ..estimator import estimate
+        from trainmem.estimator import estimate
 
         assert self.result is not None
         self.estimate = estimate(self.spec, self.setup, self.method).to_result()
@@ -255,8 +261,8 @@ def train_with_trainer(spec: ModelSpec, setup: TrainSetup, device: str, precisio
     """The experiment of `trainmem run`, trained by `transformers.Trainer` and measured by MemoryCallback."""
     from transformers import Trainer
 
-    from ..build import build_model
-    from ..data import collate, load_dataset
+    from trainmem.measure.build import build_model
+    from trainmem.measure.data import collate, load_dataset
 
     samples, pad_id = load_dataset(spec, setup)
     model = build_model(spec, setup, device, precision)

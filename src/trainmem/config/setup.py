@@ -1,0 +1,396 @@
+"""TrainSetup: one fine-tuning setup, typed, validated once, shared by `run` and `estimate`.
+
+Defaults mirror the seed chapter (batch 4, sequence 256, AdamW, LoRA r=8/alpha=32/dropout 0.05).
+Validation collects every problem and raises one `SetupError`, each line naming the flag to change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from trainmem.errors import SetupError
+from trainmem.hardware.gpus import find_gpu, gpu_problem
+
+PEFTS = ("none", "lora", "qlora")
+PRECISIONS = ("auto", "fp32", "fp16", "bf16", "amp-bf16", "amp-fp16")
+OPTIMIZERS = ("adamw", "adamw-fused", "adamw-8bit", "paged-adamw-8bit", "sgd", "adafactor")
+ATTENTIONS = ("auto", "sdpa", "eager")
+LABELS = ("random", "copy")
+DATA_MODES = ("pad", "pack")
+DEVICES = ("auto", "cuda", "cpu")
+ENGINES = ("loop", "trainer")
+ESTIMATORS = ("auto", "analytic", "simulate")
+"""How `trainmem.estimate` predicts (defined here, torch-free, so that the CLI's help needs no estimator)."""
+SHARDS = ("none", "ddp", "zero1", "zero2", "zero3", "fsdp")
+OFFLOADS = ("none", "optimizer", "params")
+# TrainSetup optimizer -> TrainingArguments.optim (Trainer builds the same torch/bitsandbytes classes)
+TRAINER_OPTIMS = {"adamw": "adamw_torch", "adamw-fused": "adamw_torch_fused", "sgd": "sgd",
+                  "adafactor": "adafactor", "adamw-8bit": "adamw_bnb_8bit", "paged-adamw-8bit": "paged_adamw_8bit"}
+
+
+@dataclass
+class TrainSetup:
+    """Everything about a fine-tuning run except the model itself."""
+
+    batch_size: int = 4
+    """Micro-batch: samples per forward/backward (the seed's `per_device_train_batch_size`)."""
+    grad_accum: int = 1
+    """Micro-batches whose gradients are summed before one optimizer step."""
+    seq_len: int = 256
+    """Tokens per sample of the dummy data; the maximum length for `data`."""
+    checkpointing: bool = False
+    """Gradient checkpointing (non-reentrant): keep layer inputs, recompute the rest in backward."""
+    peft: str = "none"
+    """`none` (full fine-tuning), `lora`, or `qlora` (NF4 base weights via bitsandbytes + LoRA)."""
+    lora_r: int = 8
+    """LoRA rank: each adapted layer gets two matrices of rank r (the seed: 8); adapter bytes grow with r."""
+    lora_alpha: int = 32
+    """LoRA scaling numerator (the update is scaled by alpha / r); no effect on memory."""
+    lora_dropout: float = 0.05
+    """Dropout on the adapters' input; its output and mask are kept for backward (activation memory)."""
+    lora_targets: list[str] | None = None
+    """Module names to adapt; None lets peft choose per architecture (query_key_value for GPT-NeoX)."""
+    precision: str = "auto"
+    """`auto` = the checkpoint's dtype on CUDA (the seed's torch_dtype="auto"), fp32 on CPU;
+    fp16/bf16 = half weights, no autocast; amp-* = fp32 weights under autocast (GradScaler for fp16)."""
+    optimizer: str = "adamw"
+    """`adamw` (torch, foreach), `adamw-fused`, `adamw-8bit` / `paged-adamw-8bit` (bitsandbytes), `sgd` or
+    `adafactor`: what the optimizer keeps per trainable parameter and what its step allocates."""
+    lr: float = 1e-4
+    """Learning rate; no effect on memory, recorded so that the run can be reproduced (see `lr_batch`)."""
+    lr_batch: int | None = None
+    """The effective batch `lr` was tuned for. When it differs from this setup's effective batch the run
+    says so and suggests the linearly scaled rate, instead of silently reusing `lr`."""
+    attention: str = "auto"
+    """`auto` (what transformers picks for the model: sdpa where its class supports it, else eager),
+    `sdpa` or `eager`. `validate(spec)` makes `auto` the kernel it stands for, recorded in results."""
+    steps: int = 3
+    """Optimizer steps. Adam states exist only after step 1, so step 2 is the first steady one."""
+    labels: str = "random"
+    """Dummy data labels: `random` (the seed: independent ids) or `copy` (labels = inputs)."""
+    num_samples: int = 64
+    """Dummy data samples (the seed: 64); raised to `batch_size` when smaller (see `dummy_samples`)."""
+    data: str | None = None
+    """A local .txt (one sample per line) or .jsonl (a "text" field) file instead of dummy data."""
+    data_mode: str = "pad"
+    """How `data` becomes batches: `pad` (attention mask, labels -100 on pads) or `pack`."""
+    device: str = "auto"
+    """`auto` (CUDA where visible, else the CPU), `cuda` or `cpu`: where `run` trains. Estimates are
+    always for a CUDA GPU."""
+    gpu: str | None = None
+    """The card to judge against (see `trainmem.hardware.gpus.CATALOG`). `run` emulates it on a bigger card: the
+    allocator capped at its usable memory and, with CUDA, its cuBLAS workspace and SDPA kernels
+    (`trainmem.measure.emulation`); the host's context and timings stay the host's."""
+    memory_cap: int | None = None
+    """Cap usable memory to this many bytes (on CPU the tensor ledger enforces it)."""
+    seed: int = 0
+    """Seed of the random weights (presets and configs have none) and of the dummy data."""
+    engine: str = "loop"
+    """Who trains: `loop` (trainmem's own loop) or `trainer` (transformers.Trainer + MemoryCallback)."""
+    gpus: int = 1
+    """Data-parallel GPUs: estimated; run as CPU processes over gloo, or one rank through the fake group (`rank`)."""
+    shard: str = "none"
+    """How states are spread over `gpus`: none, ddp, zero1, zero2, zero3 (DeepSpeed ZeRO) or fsdp."""
+    offload: str = "none"
+    """ZeRO/FSDP offload to CPU memory: none, optimizer or params."""
+    rank: int | str | None = None
+    """Run: emulate this rank (0..gpus-1, or `all` in turn) of the `gpus`-rank FSDP2 run in one process
+    through PyTorch's fake process group (see `trainmem.measure.fake_rank`)."""
+
+    # --- derived ----------------------------------------------------------------------------
+    @property
+    def effective_batch(self) -> int:
+        """Samples per optimizer step: micro-batch x accumulation x data-parallel GPUs."""
+        return self.batch_size * self.grad_accum * self.gpus
+
+    def lr_note(self) -> str | None:
+        """A warning when `lr` was tuned for another effective batch (linear scaling, Goyal et al. 2017)."""
+        if self.lr_batch is None or self.lr_batch == self.effective_batch:
+            return None
+        scaled = self.lr * self.effective_batch / self.lr_batch
+        return (f"--lr {self.lr:g} was tuned for an effective batch of {self.lr_batch}, this setup's is "
+                f"{self.effective_batch}; the linear scaling rule suggests --lr {scaled:.3g}")
+
+    def resolved_device(self) -> str:
+        """`auto` becomes `cuda` where a CUDA device is visible, else `cpu`."""
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def resolved_precision(self, spec: Any, device: str) -> str:
+        """`auto` becomes fp16/bf16 from the checkpoint dtype on CUDA and fp32 on CPU."""
+        if self.precision != "auto":
+            return self.precision
+        if device == "cpu":
+            return "fp32"
+        return {"float16": "fp16", "bfloat16": "bf16"}.get(spec.stored_dtype, "fp32")
+
+    def cap_bytes(self, precision: str | None = None) -> int | None:
+        """The memory cap in bytes from `memory_cap` or `gpu` (the card's `allocator_cap` for this
+        setup's attention, precision and method), the smaller if both are given. `precision`: the
+        resolved one, where this setup's is still `auto`."""
+        gpu = find_gpu(self.gpu) if self.gpu else None
+        card_cap = gpu.allocator_cap(self.attention, precision or self.precision, self.peft) if gpu else None
+        caps = [c for c in (self.memory_cap, card_cap) if c is not None]
+        return min(caps) if caps else None
+
+    def replace(self, **changes: Any) -> TrainSetup:
+        """A copy with `changes`; unvalidated again (see `validate`)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, as the row's `setup` and the worker's job record it."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainSetup:
+        """A setup from its fields; an unknown field is a SetupError, not silently dropped."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise SetupError([f"unknown setup field {k!r}" for k in unknown])
+        return cls(**d)
+
+    @classmethod
+    def from_training_arguments(cls, args: Any, model: Any = None, **overrides: Any) -> TrainSetup:
+        """The setup a transformers `TrainingArguments` (and, if given, its model) describes."""
+        return from_training_arguments(args, model, **overrides)
+
+    def to_training_arguments(self, output_dir: str, **more: Any) -> Any:
+        """A `TrainingArguments` with this setup's batch, accumulation, checkpointing, autocast, optimizer,
+        lr, seed and steps; `more` sets any other field. Pure fp16/bf16/fp32 are the model's dtype, not
+        an argument: build the model in that dtype (trainmem.measure.build.build_model does)."""
+        from transformers import TrainingArguments
+
+        fields_ = dict(output_dir=output_dir, per_device_train_batch_size=self.batch_size,
+                       gradient_accumulation_steps=self.grad_accum, gradient_checkpointing=self.checkpointing,
+                       gradient_checkpointing_kwargs={"use_reentrant": False} if self.checkpointing else None,
+                       bf16=self.precision == "amp-bf16", fp16=self.precision == "amp-fp16",
+                       optim=TRAINER_OPTIMS.get(self.optimizer, self.optimizer), learning_rate=self.lr,
+                       seed=self.seed, max_steps=self.steps, use_cpu=self.device == "cpu")
+        fields_.update(more)
+        return TrainingArguments(**fields_)
+
+    def dummy_samples(self) -> int:
+        """How many dummy samples a run makes: `num_samples`, but never fewer than one full micro-batch.
+        A batch larger than the data would silently train on smaller micro-batches and make every
+        memory number (and max-batch's search) about a batch that never ran."""
+        return max(self.num_samples, self.batch_size)
+
+    # --- validation ---------------------------------------------------------------------------
+    def problems(self, spec: Any = None) -> list[str]:
+        """Every problem of this setup (and of it with `spec`), each naming its flag. Empty if fine."""
+        out: list[str] = []
+
+        def choice(flag: str, value: str, allowed: tuple[str, ...]) -> None:
+            if value not in allowed:
+                out.append(f"--{flag}: {value!r} is not one of {', '.join(allowed)}")
+
+        for flag, value in (("batch-size", self.batch_size), ("grad-accum", self.grad_accum),
+                            ("seq-len", self.seq_len), ("steps", self.steps),
+                            ("num-samples", self.num_samples), ("lora-r", self.lora_r)):
+            if not isinstance(value, int) or value < 1:
+                out.append(f"--{flag}: must be a whole number >= 1, got {value!r}")
+        if not 0 <= self.lora_dropout < 1:
+            out.append(f"--lora-dropout: must be in [0, 1), got {self.lora_dropout}")
+        if self.lr <= 0:
+            out.append(f"--lr: must be > 0, got {self.lr}")
+        if self.lr_batch is not None and (not isinstance(self.lr_batch, int) or self.lr_batch < 1):
+            out.append(f"--lr-batch: must be a whole number >= 1, got {self.lr_batch!r}")
+        choice("peft", self.peft, PEFTS)
+        choice("precision", self.precision, PRECISIONS)
+        choice("optimizer", self.optimizer, OPTIMIZERS)
+        choice("attention", self.attention, ATTENTIONS)
+        choice("labels", self.labels, LABELS)
+        choice("data-mode", self.data_mode, DATA_MODES)
+        choice("device", self.device, DEVICES)
+        choice("engine", self.engine, ENGINES)
+        choice("shard", self.shard, SHARDS)
+        choice("offload", self.offload, OFFLOADS)
+        if not isinstance(self.gpus, int) or self.gpus < 1:
+            out.append(f"--gpus: must be a whole number >= 1, got {self.gpus!r}")
+        elif self.gpus > 1 and self.shard == "none":
+            out.append(f"--gpus {self.gpus}: say how states are spread with --shard ddp|zero1|zero2|zero3|fsdp")
+        if self.offload != "none" and self.shard not in ("zero1", "zero2", "zero3", "fsdp"):
+            out.append(f"--offload {self.offload}: needs --shard zero1|zero2|zero3|fsdp")
+        if self.offload == "params" and self.shard not in ("zero3", "fsdp"):
+            out.append("--offload params: only ZeRO-3 and FSDP shard (and so can offload) parameters")
+        out.extend(self._rank_problems())
+        if self.gpu is not None and gpu_problem(self.gpu):
+            out.append(gpu_problem(self.gpu))  # type: ignore[arg-type]
+        elif self.gpu is not None:
+            out += _card_problems(find_gpu(self.gpu), self.precision)  # type: ignore[arg-type]
+        if self.memory_cap is not None and self.memory_cap < 1:
+            out.append(f"--memory-cap: must be a positive number of bytes, got {self.memory_cap}")
+        if self.peft == "none" and self.lora_targets:
+            out.append("--lora-targets: given with --peft none; add --peft lora or drop --lora-targets")
+        if self.data is not None:
+            p = Path(self.data)
+            if not p.is_file():
+                out.append(f"--data: no such file {self.data!r}")
+            elif p.suffix not in (".txt", ".jsonl"):
+                out.append(f"--data: {self.data!r} must be a .txt (a sample per line) or .jsonl file")
+        elif self.data_mode != "pad":
+            out.append("--data-mode: only applies to --data files; drop it or pass --data")
+        if spec is not None:
+            out += self._model_problems(spec)
+        return out
+
+    def _model_problems(self, spec: Any) -> list[str]:
+        out: list[str] = []
+        max_pos = spec.max_positions
+        if max_pos is not None and isinstance(self.seq_len, int) and self.seq_len > max_pos:
+            out.append(f"--seq-len: {self.seq_len} is longer than {spec.name}'s {max_pos} positions; "
+                       f"use --seq-len {max_pos} or less")
+        card = find_gpu(self.gpu) if self.gpu else None
+        if card is not None and self.precision == "auto" and self.device != "cpu" and spec.stored_dtype == "bfloat16":
+            out += [p.replace("--precision bf16", f"--precision auto (the {spec.name} checkpoint is bf16)")
+                    for p in _card_problems(card, "bf16")]
+        if self.peft in ("lora", "qlora") and self.lora_targets and self.lora_targets != ["all-linear"]:
+            out += _target_problems(spec, self.lora_targets)
+        if self.peft in ("lora", "qlora") and not self.lora_targets:
+            from peft.utils.constants import (
+                TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as defaults,
+            )
+
+            if spec.model_type not in defaults:
+                out.append(f"--lora-targets: peft has no default LoRA targets for {spec.model_type} models; "
+                           "pass --lora-targets all-linear or the names of the Linear layers to adapt")
+        if self.attention in ATTENTIONS[1:] and self.attention not in spec.attentions:
+            from transformers import __version__
+
+            cls = getattr(spec.model_class, "__name__", spec.model_type)
+            out.append(f"--attention: {spec.name} ({cls}) does not support {self.attention} in transformers "
+                       f"{__version__}; use --attention {' or '.join(spec.attentions)}, or auto")
+        if self.data is not None and spec.path is None:
+            out.append(f"--data: {spec.name} has no tokenizer (a preset or a bare config.json); pass a "
+                       "local model folder with tokenizer files as --model, or use the dummy data")
+        return out
+
+    def _rank_problems(self) -> list[str]:
+        """Problems of `--rank`, each naming the flag and the fix."""
+        if self.rank is None:
+            return []
+        out: list[str] = []
+        if self.gpus < 2 or self.shard != "fsdp":
+            out.append(f"--rank {self.rank}: emulates one rank of a sharded run; needs --gpus N (N >= 2) and "
+                       "--shard fsdp")
+        if self.rank != "all":
+            try:
+                r = int(self.rank)
+            except (TypeError, ValueError):
+                r = -1
+            if not 0 <= r < max(self.gpus, 1):
+                out.append(f"--rank {self.rank}: out of range for --gpus {self.gpus}; use 0..{self.gpus - 1} or all")
+        return out
+
+    def validate(self, spec: Any = None) -> TrainSetup:
+        """Raise one SetupError listing every problem; else return this setup, with `spec` given resolved
+        for it (`resolved`).
+
+        Validating is done once: the setup returned remembers the spec it was checked against, so the
+        next entry point it passes through (the CLI, then `run`, then `estimate`) does not check it
+        again. The mark is not a field: `replace` makes a new setup, which is checked anew.
+        """
+        if spec is not None and getattr(self, "_checked_for", None) is spec:
+            return self
+        found = self.problems(spec)
+        if found:
+            raise SetupError(found)
+        if spec is None:
+            return self
+        checked = self.resolved(spec)
+        checked._checked_for = spec
+        return checked
+
+    def resolved(self, spec: Any) -> TrainSetup:
+        """This setup with `attention: auto` made the kernel transformers picks for `spec`'s model."""
+        return self.replace(attention=spec.attentions[0]) if self.attention == "auto" else self
+
+
+ADAPTABLE = ("Linear", "Conv1D", "Embedding", "Conv1d", "Conv2d", "Conv3d", "MultiheadAttention")
+"""Module classes peft's LoRA can adapt (transformers' GPT-2 style Conv1D included)."""
+
+
+def _target_problems(spec: Any, targets: list[str]) -> list[str]:
+    """`--lora-targets` that name no adaptable module of the model, found from its config before anything is
+    built. peft matches a target against a module's whole name or its last dotted parts."""
+    modules = spec.modules
+    adaptable = sorted({n.rsplit(".", 1)[-1] for n, cls in modules.items() if cls in ADAPTABLE and n})
+    missing = [t for t in targets
+               if not any((n == t or n.endswith("." + t)) and cls in ADAPTABLE for n, cls in modules.items())]
+    if not missing:
+        return []
+    none_left = len(missing) == len(targets)
+    return [f"--lora-targets: {spec.name} has no adaptable module named {', '.join(map(repr, missing))}"
+            + ("; the model would have no trainable parameters" if none_left else "")
+            + f"; its layers that LoRA can adapt: {', '.join(adaptable)} (or all-linear)"]
+
+
+def _card_problems(card: Any, precision: str) -> list[str]:
+    """bf16 on a card without native bf16 (sm70, sm75) fails at the first kernel that needs it."""
+    if card.bf16 or precision not in ("bf16", "amp-bf16"):
+        return []
+    return [f"--precision {precision}: the {card.name} (sm{card.sm[0]}{card.sm[1]}, {card.architecture}) has no "
+            "native bf16; use --precision amp-fp16 (fp32 weights, fp16 autocast with a gradient scaler)"]
+
+
+def training_arguments_values(args: Any, model: Any = None) -> dict[str, Any]:
+    """The TrainSetup fields that a `TrainingArguments` (an object or any namespace with its field
+    names) and optionally its model determine; the rest stays at the defaults or the caller's layers.
+
+    Autocast comes from `bf16`/`fp16`; without it the model's dtype is the precision (`auto` without
+    a model). LoRA settings, checkpointing and attention come from the model when given.
+    """
+    amp = "amp-bf16" if getattr(args, "bf16", False) else "amp-fp16" if getattr(args, "fp16", False) else None
+    optim = getattr(args, "optim", "adamw_torch")
+    optim = str(getattr(optim, "value", optim))
+    by_optim = {v: k for k, v in TRAINER_OPTIMS.items()} | {"adamw_8bit": "adamw-8bit"}
+    values: dict[str, Any] = dict(
+        batch_size=int(args.per_device_train_batch_size),
+        grad_accum=int(args.gradient_accumulation_steps),
+        checkpointing=bool(args.gradient_checkpointing),
+        precision=amp or "auto",
+        optimizer=by_optim.get(optim, optim),  # an unknown name is reported by validation as --optimizer
+        lr=float(args.learning_rate),
+        seed=int(args.seed),
+    )
+    if int(getattr(args, "max_steps", -1) or -1) > 0:
+        values["steps"] = int(args.max_steps)
+    if model is not None:
+        values.update(_model_values(model, amp))
+    return values
+
+
+def _model_values(model: Any, amp: str | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    param = next(model.parameters(), None)
+    if amp is None and param is not None:
+        out["precision"] = {"float16": "fp16", "bfloat16": "bf16"}.get(str(param.dtype).replace("torch.", ""), "fp32")
+    if getattr(model, "is_gradient_checkpointing", False):
+        out["checkpointing"] = True
+    attn = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if attn in ATTENTIONS:
+        out["attention"] = attn
+    peft_config = getattr(model, "peft_config", None)
+    if peft_config:
+        cfg = next(iter(peft_config.values()))
+        targets = cfg.target_modules
+        out.update(peft="qlora" if getattr(model, "is_loaded_in_4bit", False) else "lora", lora_r=int(cfg.r),
+                   lora_alpha=int(cfg.lora_alpha), lora_dropout=float(cfg.lora_dropout),
+                   lora_targets=sorted(targets) if isinstance(targets, (set, list, tuple)) else None)
+    return out
+
+
+def from_training_arguments(args: Any, model: Any = None, **overrides: Any) -> TrainSetup:
+    """A TrainSetup from a transformers `TrainingArguments` (the seed builds one), and its model if given."""
+    setup = TrainSetup(**training_arguments_values(args, model))
+    return setup.replace(**overrides) if overrides else setup
+
+
+__all__ = ["TrainSetup", "from_training_arguments", "training_arguments_values", "ENGINES", "PEFTS", "PRECISIONS", "OPTIMIZERS", "ATTENTIONS"]

@@ -1,0 +1,231 @@
+"""Model specs: what model a setup trains, as data with a source.
+
+A `ModelSpec` is a Hugging Face config (a plain dict, exactly as `config.json` holds it) plus where it
+came from. It can be built from a built-in preset (exact published configs; weights are random because
+no weights are downloaded), a `config.json` path, a local model folder (config, weights, tokenizer), a
+hub id in the local Hugging Face cache, or a hub id whose `config.json` (a few KB, never the weights) is
+fetched from the Hub. Parameter counts come from a meta-device model (no memory, no init), the same way
+`accelerate estimate-memory` counts them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from trainmem.errors import SetupError
+
+from .presets import HUB_IDS, PRESETS
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A causal LM to train: its Hugging Face config and where it came from."""
+
+    name: str
+    """What the user called it: a preset name, a path or a hub id."""
+    config: dict[str, Any] = field(hash=False)
+    """The config.json contents (must hold `model_type`)."""
+    source: str = "preset"
+    """`preset`, `config` or `hub` (random weights), `dir` or `cache` (local weights)."""
+    path: str | None = None
+    """Folder with weights and tokenizer (sources `dir` and `cache`); None for random weights."""
+
+    # --- constructors -------------------------------------------------------------------------
+    @classmethod
+    def from_preset(cls, name: str) -> ModelSpec:
+        """A built-in preset; raises SetupError listing the presets for an unknown name."""
+        key = HUB_IDS.get(name, name)
+        if key not in PRESETS:
+            raise SetupError([f"--model: unknown preset {name!r}. Presets: {', '.join(PRESETS)}; "
+                              "or pass a config.json path, a local model folder, or a hub id "
+                              "that is in the local Hugging Face cache."])
+        return cls(name=key, config=dict(PRESETS[key]), source="preset")
+
+    @classmethod
+    def from_config_file(cls, path: str | os.PathLike) -> ModelSpec:
+        """A `config.json` file: the architecture only, trained from random weights."""
+        p = Path(path)
+        try:
+            config = json.loads(p.read_text())
+        except (OSError, ValueError) as e:
+            raise SetupError([f"--model: cannot read config {str(p)!r}: {e}"]) from None
+        if "model_type" not in config:
+            raise SetupError([f"--model: {str(p)!r} has no 'model_type'; is it a Hugging Face config.json?"])
+        return cls(name=str(p), config=config, source="config")
+
+    @classmethod
+    def from_dir(cls, path: str | os.PathLike, source: str = "dir") -> ModelSpec:
+        """A local model folder as `save_pretrained` writes it (config.json, weights, tokenizer)."""
+        p = Path(path)
+        spec = cls.from_config_file(p / "config.json")
+        has_weights = any(p.glob("*.safetensors")) or any(p.glob("*.bin"))
+        return cls(name=str(path), config=spec.config, source=source if has_weights else "config",
+                   path=str(p))
+
+    @classmethod
+    def from_hub_cache(cls, model_id: str) -> ModelSpec | None:
+        """`org/name[@revision]` from the local Hugging Face cache (its newest snapshot), or None."""
+        from huggingface_hub import try_to_load_from_cache
+
+        repo, revision = split_revision(model_id)
+        try:
+            found = try_to_load_from_cache(repo, "config.json", revision=revision)
+        except ValueError:  # not a valid repo id: not in the cache either
+            return None
+        if not isinstance(found, str):
+            return None
+        spec = cls.from_dir(Path(found).parent, source="cache")
+        if spec.has_weights:
+            return spec
+        # only the config is cached (what `from_hub` fetches): random weights, named as the user did
+        return cls(name=model_id, config=spec.config, source="hub")
+
+    @classmethod
+    def from_hub(cls, model_id: str) -> ModelSpec:
+        """`org/name[@revision]`: its `config.json` fetched from the Hub into the Hugging Face cache (never
+        the weights), so that a second call reads the cache, offline too. Honours HF_TOKEN, HF_ENDPOINT
+        and HF_HUB_OFFLINE as every Hugging Face library does; each failure says what to pass instead."""
+        from huggingface_hub import constants, hf_hub_download
+        from huggingface_hub import errors as hub
+
+        repo, revision = split_revision(model_id)
+        where = f"on the Hub ({constants.ENDPOINT})"
+        instead = ("or pass a config.json path, a local folder made by save_pretrained, or a preset: "
+                   f"{', '.join(p for p in PRESETS if not p.startswith('tiny-'))}")
+        try:
+            path = hf_hub_download(repo, "config.json", revision=revision)
+        except hub.GatedRepoError:
+            problem = (f"{repo} is gated {where}: accept its licence on the model's page, then set HF_TOKEN "
+                       f"to a token of that account (or run `hf auth login`); {instead}")
+        except hub.RepositoryNotFoundError:
+            problem = (f"no repository {repo!r} {where}: check the id (org/name), or set HF_TOKEN if it is "
+                       f"private; {instead}")
+        except hub.RevisionNotFoundError:
+            problem = f"{repo} has no revision {revision!r} {where}: name a branch, tag or commit; {instead}"
+        except hub.RemoteEntryNotFoundError:
+            problem = f"{repo} has no config.json {where}: is it a transformers model? {instead}"
+        except hub.LocalEntryNotFoundError:  # offline, or the Hub unreachable, and nothing cached
+            reason = ("HF_HUB_OFFLINE is set" if constants.is_offline_mode()
+                      else f"the Hub ({constants.ENDPOINT}) cannot be reached")
+            problem = (f"{model_id!r} is not in the local Hugging Face cache and {reason}: connect once to "
+                       f"cache its config.json (set HF_ENDPOINT for a mirror), {instead}")
+        except hub.HFValidationError:
+            problem = f"{model_id!r} is neither a local path nor a hub id (org/name[@revision]); {instead}"
+        except hub.HfHubHTTPError as e:
+            problem = f"the Hub refused {model_id!r} ({e.response.status_code}); {instead}"
+        else:
+            spec = cls.from_config_file(path)
+            return cls(name=model_id, config=spec.config, source="hub")
+        raise SetupError([f"--model: {problem}"])
+
+    @classmethod
+    def resolve(cls, name: str) -> ModelSpec:
+        """Any of: local folder, config.json path, hub id (`org/name[@revision]`), preset.
+
+        A hub id is read from the local cache when it is there, else it is a preset's hub id (the exact
+        preset config, no network), else its `config.json` is fetched from the Hub.
+        """
+        p = Path(name)
+        if p.is_dir():
+            return cls.from_dir(p)
+        if p.is_file():
+            return cls.from_config_file(p)
+        if "/" in name:
+            cached = cls.from_hub_cache(name)
+            if cached is not None:
+                return cached
+            if name in HUB_IDS:
+                return cls.from_preset(name)
+            return cls.from_hub(name)
+        return cls.from_preset(name)
+
+    # --- derived facts ----------------------------------------------------------------------------
+    @property
+    def model_type(self) -> str:
+        """The config's `model_type` (gpt_neox, llama, ...): what picks the transformers class."""
+        return str(self.config["model_type"])
+
+    @property
+    def has_weights(self) -> bool:
+        """Whether a local folder holds real weights; else the model is built with random ones."""
+        return self.path is not None and self.source in ("dir", "cache")
+
+    def hf_config(self, **overrides: Any):
+        """A fresh transformers `PretrainedConfig` for this spec."""
+        from transformers import CONFIG_MAPPING
+
+        fields = {k: v for k, v in self.config.items() if k != "model_type"}
+        fields.update(overrides)
+        return CONFIG_MAPPING[self.model_type](**fields)
+
+    @cached_property
+    def _meta(self) -> tuple[int, dict[str, str]]:
+        """One meta-device model (no memory, no init), read for its parameter count and its modules."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(self.hf_config())
+        return sum(p.numel() for p in model.parameters()), {n: type(m).__name__ for n, m in model.named_modules()}
+
+    @property
+    def parameter_count(self) -> int:
+        """Parameters as `model.parameters()` counts them (tied embeddings once), from a meta-device model."""
+        return self._meta[0]
+
+    @property
+    def modules(self) -> dict[str, str]:
+        """Every module's qualified name -> its class name, from a meta-device model: what `--lora-targets`
+        can name, known before anything is built."""
+        return self._meta[1]
+
+    @property
+    def model_class(self) -> type | None:
+        """The transformers class `AutoModelForCausalLM` builds for this config (None if it knows none)."""
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+        try:
+            return MODEL_FOR_CAUSAL_LM_MAPPING[type(self.hf_config())]
+        except KeyError:
+            return None
+
+    @property
+    def attentions(self) -> tuple[str, ...]:
+        """The attention kernels (of `sdpa`, `eager`) the installed transformers lets this model use, its
+        default first: sdpa where the class declares `_supports_sdpa` (transformers then takes it without
+        being asked), else eager. Transformers never picks flash_attention_2 unless asked, so neither do we."""
+        cls = self.model_class
+        return ("eager",) if cls is not None and not cls._supports_sdpa else ("sdpa", "eager")
+
+    @property
+    def max_positions(self) -> int | None:
+        """The longest sequence the config allows, None where it names none."""
+        cfg = self.hf_config()
+        return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+
+    @property
+    def vocab_size(self) -> int:
+        """Tokens in the vocabulary: the dummy data's ids and the logits' width."""
+        return int(self.hf_config().vocab_size)
+
+    @property
+    def stored_dtype(self) -> str:
+        """The dtype the checkpoint is stored in (what `torch_dtype="auto"` loads), float32 if unknown."""
+        dtype = self.config.get("dtype") or self.config.get("torch_dtype") or "float32"
+        return str(dtype).replace("torch.", "")
+
+    def describe(self) -> dict[str, Any]:
+        """What a row records about the model: name, source, type, path, parameter count."""
+        return {"name": self.name, "source": self.source, "model_type": self.model_type,
+                "path": self.path, "parameters": self.parameter_count}
+
+
+def split_revision(model_id: str) -> tuple[str, str | None]:
+    """`org/name@rev` -> (`org/name`, `rev`); no `@` -> revision None (the default branch)."""
+    repo, _, revision = model_id.partition("@")
+    return repo, revision or None

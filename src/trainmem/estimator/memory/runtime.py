@@ -1,0 +1,43 @@
+"""What the CUDA runtime adds beyond the tensors a training step creates, calibrated on real runs.
+
+Each constant names the measurement it comes from (docs/data/validation-isolated-h200-2026-12-03.jsonl,
+docs/data/validation-h200-2026-12-02.jsonl and docs/data/chapter-h200-2026-12-02.jsonl, H200, torch 2.11
++ CUDA 13).
+"""
+
+from __future__ import annotations
+
+MiB = 1024**2
+
+RESERVED_OVER_ALLOCATED = 1.096
+"""Median of peak_reserved / peak_allocated over the 36 isolated validation runs (range 1.01-1.26;
+docs/data/validation-isolated-h200-2026-12-03.jsonl): the caching allocator's rounding and cached free
+blocks. Only the analytic method uses it (autocast and sharded setups); simulate replays its allocations
+through the allocator's policy (`allocator.py`)."""
+
+LOGITS_BACKWARD_BYTES = 8.4
+"""Transient bytes per logit element (tokens x vocabulary) at the start of backward: the fp32 gradient
+of log-softmax and of its input; 8.26-8.57 measured across GPT-NeoX, Llama and Qwen2 (mean 8.4)."""
+
+
+VALIDATED_ON = {"torch": "2.11", "transformers": "5.17"}
+"""The releases the kernel model above (and simulate's stand-ins) was measured against: the 118 H200 runs of
+docs/estimate-validation.md (in-sample and held-out sets), 2026-12-03; the memory outside the allocator
+lives with each card (`gpus.GPU.overhead`). Other releases may change kernels, model code and the allocator."""
+
+
+def versions() -> dict[str, str]:
+    """The installed torch and transformers, as the estimate ran them."""
+    from importlib.metadata import version
+
+    return {p: version(p) for p in VALIDATED_ON}
+
+
+def version_note(installed: dict[str, str]) -> str | None:
+    """Says so when an installed release differs from the validated ones in major.minor."""
+    off = [f"{p} {v}" for p, v in installed.items() if ".".join(v.split(".")[:2]) != VALIDATED_ON[p]]
+    if not off:
+        return None
+    return (f"installed {', '.join(off)}: the kernel memory model was validated on torch {VALIDATED_ON['torch']} "
+            f"+ transformers {VALIDATED_ON['transformers']} (H200, docs/estimate-validation.md); kernels, model "
+            "code and the allocator of other releases may take different memory")

@@ -1,0 +1,68 @@
+"""Model states per GPU when training is spread over N data-parallel GPUs (analytic method only).
+
+Rajbhandari et al. 2019 (ZeRO, arXiv 1910.02054), with Psi parameters and K optimizer bytes per
+parameter: ZeRO-1 keeps 2Psi + 2Psi + K*Psi/N per GPU, ZeRO-2 2Psi + (2 + K)*Psi/N, ZeRO-3 (4 + K)*Psi/N;
+for mixed-precision Adam K = 12 (fp32 master weights, momentum and variance), which is what DeepSpeed
+keeps when the weights are fp16/bf16. PyTorch DDP and FSDP keep torch's optimizer states (in the
+parameters' dtype). Activations are never sharded: each GPU runs its own micro-batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RankStates:
+    """Bytes one GPU holds, and the transient bytes of gathered (unsharded) units."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    step_temporaries: int
+    gathered: int
+    """ZeRO-3 / FSDP: parameters (and their gradients in backward) of the units gathered at a time."""
+    notes: tuple[str, ...] = ()
+
+
+def rank_states(weights: int, gradients: int, optimizer: int, trainable: int, half_weights: bool,
+                n: int, shard: str, offload: str, largest_layer: int, foreach_copy: bool,
+                unsharded_optimizer: int = 0) -> RankStates:
+    """Per-GPU states for `shard` over `n` GPUs.
+
+    `weights`/`gradients`/`optimizer` are the single-GPU bytes, `trainable` the trainable parameter count,
+    `largest_layer` the bytes of the largest decoder layer's parameters (what FSDP/ZeRO-3 gathers),
+    `foreach_copy`: the optimizer step makes a temporary copy of the (local) gradients,
+    `unsharded_optimizer`: optimizer bytes every rank keeps whole (torch AdamW's 4-byte `step` per
+    parameter tensor, which FSDP2 does not shard: measured exactly by the fake-group and gloo runs).
+    FSDP2 pads dim 0 of each parameter to a multiple of `n`; the formulas leave that padding out.
+    """
+    notes: list[str] = []
+    if shard in ("none", "ddp"):
+        # DDP's reducer keeps gradient buckets as large as the gradients (gradient_as_bucket_view=False)
+        extra = gradients if shard == "ddp" and n > 1 else 0
+        if extra:
+            notes.append("DDP gradient buckets: one more copy of the gradients (gradient_as_bucket_view=False)")
+        return RankStates(weights, gradients + extra, optimizer, gradients if foreach_copy else 0, 0, tuple(notes))
+    if shard.startswith("zero") and half_weights:
+        # DeepSpeed's mixed-precision optimizer: fp32 master weights + fp32 Adam moments, K = 12
+        optimizer = 12 * trainable
+        notes.append("DeepSpeed mixed precision: fp32 master weights and moments, 12 bytes per trainable parameter")
+    else:
+        optimizer -= unsharded_optimizer
+    opt = optimizer // n + (0 if shard.startswith("zero") and half_weights else unsharded_optimizer)
+    if shard == "zero1":
+        w, g = weights, gradients
+    elif shard == "zero2":
+        w, g = weights, gradients // n
+    else:  # zero3, fsdp: parameters sharded too, gathered a unit (decoder layer) at a time + one prefetched
+        w, g = weights // n, gradients // n
+    gathered = 2 * largest_layer if shard in ("zero3", "fsdp") else 0
+    if offload == "optimizer":
+        opt = 0
+        notes.append("optimizer states offloaded to CPU memory")
+    if offload == "params" and shard in ("zero3", "fsdp"):
+        w = 0
+        notes.append("parameters offloaded to CPU memory; gathered units still come to the GPU")
+    step = g if foreach_copy and offload != "optimizer" else 0
+    return RankStates(w, g, opt, step, gathered, tuple(notes))

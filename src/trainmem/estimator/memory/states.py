@@ -1,0 +1,147 @@
+"""Model states without a GPU: the bytes of weights, gradients and optimizer states, from the real model
+built on the meta device (no memory, no init) with its LoRA adapters, and closed-form rules per dtype,
+quantization and optimizer. Each rule cites where its bytes come from.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainmem.config.setup import TrainSetup
+from trainmem.config.specs import ModelSpec
+
+NF4_BLOCK, NESTED_BLOCK = 64, 256
+BNB_MIN_8BIT = 4096  # bitsandbytes keeps 32-bit state for tensors under 4096 elements (min_8bit_size)
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    shape: tuple[int, ...]
+    trainable: bool
+    bytes_per: float
+    """Bytes per element as stored (0.5 for packed NF4)."""
+    quantized: bool = False
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    params: tuple[Param, ...]
+    buffers: int
+    model: Any
+    """The meta-device model, for structure (traits) and for the simulation."""
+
+
+def weight_bytes_per(precision: str) -> int:
+    return 2 if precision in ("fp16", "bf16") else 4
+
+
+def meta_model(spec: ModelSpec, setup: TrainSetup, precision: str) -> Any:
+    """The real Hugging Face model (and peft adapters) on the meta device, in the weights' dtype."""
+    from transformers import AutoModelForCausalLM
+
+    from trainmem.measure.build import WEIGHT_DTYPES, lora_config
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(spec.hf_config(), dtype=WEIGHT_DTYPES[precision],
+                                                 attn_implementation=setup.resolved(spec).attention)
+        model.config.use_cache = False
+        if setup.peft in ("lora", "qlora"):
+            from peft import get_peft_model
+
+            model = get_peft_model(model, lora_config(setup))
+    return model
+
+
+def quantizable(model: Any) -> set[str]:
+    """Names of the Linear layers bitsandbytes converts to 4-bit: every nn.Linear but the output head
+    (transformers' `get_keys_to_not_convert` keeps `lm_head` / the output embeddings unquantized)."""
+    head = model.get_output_embeddings()
+    return {name for name, mod in model.named_modules()
+            if type(mod) is torch.nn.Linear and mod is not head and "lora_" not in name}
+
+
+_CACHE: dict[tuple, Inventory] = {}
+
+
+def inventory(spec: ModelSpec, setup: TrainSetup, precision: str) -> Inventory:
+    """The parameter inventory, cached per model and per what changes the parameter set (batch and
+    sequence length do not rebuild it, which keeps the analytic method in milliseconds)."""
+    key = (spec.name, repr(sorted(spec.config.items())), setup.peft, setup.lora_r, repr(setup.lora_targets),
+           setup.attention, precision)
+    if key not in _CACHE:
+        _CACHE[key] = _build_inventory(spec, setup, precision)
+    return _CACHE[key]
+
+
+def _build_inventory(spec: ModelSpec, setup: TrainSetup, precision: str) -> Inventory:
+    model = meta_model(spec, setup, precision)
+    wd = weight_bytes_per(precision)
+    quant = quantizable(model) if setup.peft == "qlora" else set()
+    params = []
+    for name, p in model.named_parameters():
+        module, _, kind = name.rpartition(".")
+        if module in quant and kind == "weight":
+            params.append(Param(name, tuple(p.shape), False, 0.5, quantized=True))
+        elif module in quant:
+            # the bias of a 4-bit Linear stays in the load dtype (measured: not upcast by peft)
+            params.append(Param(name, tuple(p.shape), False, wd))
+        elif "lora_" in name or setup.peft == "qlora":
+            # peft keeps adapters in fp32 (autocast_adapter_dtype); prepare_model_for_kbit_training casts
+            # every other non-4-bit parameter to fp32
+            params.append(Param(name, tuple(p.shape), p.requires_grad, 4))
+        else:
+            params.append(Param(name, tuple(p.shape), p.requires_grad, wd))
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    return Inventory(tuple(params), buffers, model)
+
+
+def quantized_bytes(n: int) -> int:
+    """NF4 with double quantization (QLoRA paper, section 3): n/2 packed bytes, one uint8 absmax per 64
+    values, re-quantized with one fp32 absmax per 256 of those, plus the 256-entry fp32 code of the
+    nested quantization and the 16-entry NF4 code."""
+    blocks = math.ceil(n / NF4_BLOCK)
+    return math.ceil(n / 2) + blocks + 4 * math.ceil(blocks / NESTED_BLOCK) + 4 * 256 + 4 * 16
+
+
+def weights(inv: Inventory) -> int:
+    return inv.buffers + sum(quantized_bytes(p.numel) if p.quantized else int(p.numel * p.bytes_per)
+                             for p in inv.params)
+
+
+def gradients(inv: Inventory) -> int:
+    """One gradient per trainable parameter, in the parameter's dtype."""
+    return sum(int(p.numel * p.bytes_per) for p in inv.params if p.trainable)
+
+
+def optimizer(inv: Inventory, name: str) -> int:
+    """Optimizer state bytes after the first step."""
+    total = 0
+    for p in inv.params:
+        if not p.trainable:
+            continue
+        n, d = p.numel, int(p.bytes_per)
+        if name in ("adamw", "adamw-fused"):
+            total += 2 * n * d + 4  # exp_avg, exp_avg_sq in the param dtype + fp32 step (torch.optim.AdamW)
+        elif name == "sgd":
+            total += 0  # no momentum buffer without momentum
+        elif name == "adafactor":
+            # factored second moment: a row and a column vector for matrices (Shazeer & Stern 2018),
+            # + the per-parameter RMS scalar transformers keeps as a tensor
+            total += 4 * (sum(p.shape[:-1]) + p.shape[-1] if len(p.shape) >= 2 else n) + 4
+        elif n >= BNB_MIN_8BIT:
+            # bitsandbytes 8-bit Adam: two uint8 states + an fp32 absmax per 256-element block each
+            total += 2 * n + 2 * 4 * math.ceil(n / 256)
+        else:
+            total += 8 * n  # small tensors keep 32-bit states
+    if name in ("adamw-8bit", "paged-adamw-8bit"):
+        total += 2 * 256 * 4  # the two 256-entry quantization maps, shared by all parameters
+    return total

@@ -1,0 +1,137 @@
+"""What CUDA does for a training step that no tensor shows, decided in this one place: the SDPA kernel a call
+gets, the cuBLAS workspaces, the memory the context and lazily loaded kernels take outside the allocator.
+
+The estimate (`estimator`), the emulation of a card on a bigger one (`measure.emulation`) and the card
+catalog (`hardware.gpus`) all ask here, so that a run under `--gpu T4` and an estimate for a T4 agree on
+what a T4 does. Each figure names its source: PyTorch's code where it is a rule, an H200 measurement where
+it is a size (torch 2.11 + CUDA 13, lazy module loading on; docs/cards.md).
+
+    >>> import torch
+    >>> sdpa_kernel(torch.bfloat16, grouped=False, mask=None, flash=has_flash((7, 5)))
+    'efficient'
+    >>> cublas_workspace((9, 0)) // 2**20, workspace_config((8, 6))
+    (32, ':4096:2:16:8')
+
+Known limits: the context is measured on the H200 only and derived for every other card (`derived_context`);
+cuBLASLt's own workspace and NCCL's buffers are not modelled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+MiB = 1024**2
+KiB = 1024
+
+# --- the SDPA kernel ------------------------------------------------------------------------------------
+SDPA_SOURCE = ("pytorch/pytorch aten/src/ATen/native/transformers/cuda/sdp_utils.cpp: flash on [sm80, sm121] in "
+               "fp16/bf16; memory-efficient on [sm50, sm121], bf16 from sm80")
+
+
+def has_flash(sm: tuple[int, int]) -> bool:
+    """PyTorch's flash-attention SDPA kernel runs on this compute capability (sm80 to sm121, `SDPA_SOURCE`)."""
+    return (8, 0) <= sm <= (12, 1)
+
+
+def sdpa_kernel(dtype: Any, grouped: bool, mask: Any, flash: bool) -> str:
+    """CUDA's choice among its SDPA kernels: `flash` for half precision on a card with flash and no mask; the
+    memory-efficient kernel (`efficient`) for fp32, for a boolean mask (sliding windows, padding: flash takes
+    none) and, on cards without flash (sm70, sm75), every dtype. That kernel takes no grouped KV heads in
+    fp32 or without flash, so those fall back to the `math` path. `dtype` is q's as the kernel gets it: under
+    autocast the lower precision (autocast_mode.h lists SDPA)."""
+    import torch
+
+    if grouped and (dtype == torch.float32 or not flash):
+        return "math"
+    return "flash" if flash and mask is None and dtype in (torch.float16, torch.bfloat16) else "efficient"
+
+
+def sdpa_backends(flash: bool) -> contextlib.AbstractContextManager[Any]:
+    """Restrict a real run to the SDPA backends of a card with (or without) flash, as `sdpa_kernel` assumes."""
+    if flash:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend
+    from torch.nn.attention import sdpa_kernel as backends
+
+    return backends([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
+# --- cuBLAS workspaces ------------------------------------------------------------------------------------
+CUBLAS_SOURCE = ("pytorch/pytorch aten/src/ATen/cuda/CublasHandlePool.cpp (commit 26a39059), "
+                 "parseChosenWorkspaceSize: ':4096:2:16:8 default, 32MiB for Hopper' (major == 9 and minor == 0)")
+CUBLAS_HANDLES = 2
+"""Handles that allocate a workspace in a training step: the forward thread's and autograd's backward
+thread's, each one caching-allocator block in its own segment, held from its first matrix product on (the gap
+between `memory_allocated` after the first step and weights + gradients + states was 0.0625 GiB = 2 x 32 MiB
+in every full run on the H200, docs/lab)."""
+
+
+def workspace_config(sm: tuple[int, int]) -> str:
+    """PyTorch's default `CUBLAS_WORKSPACE_CONFIG` for a compute capability (`CUBLAS_SOURCE`): ":4096:8"
+    (32 MiB) on sm90, ":4096:2:16:8" (8 MiB + 128 KiB) on every other architecture."""
+    return ":4096:8" if sm == (9, 0) else ":4096:2:16:8"
+
+
+def workspace_bytes(config: str) -> int:
+    """Bytes a `CUBLAS_WORKSPACE_CONFIG` string asks for: the sum of SIZE_KiB x COUNT over its pairs."""
+    parts = [int(x) for x in config.strip(":").split(":")]
+    if len(parts) % 2:
+        raise ValueError(f"CUBLAS_WORKSPACE_CONFIG {config!r}: expected :SIZE:COUNT pairs")
+    return sum(size * KiB * count for size, count in zip(parts[::2], parts[1::2]))
+
+
+def cublas_workspace(sm: tuple[int, int]) -> int:
+    """Bytes of the workspace PyTorch allocates for each cuBLAS handle by default on this architecture."""
+    return workspace_bytes(workspace_config(sm))
+
+
+# --- memory outside the allocator ---------------------------------------------------------------------------
+H200_CONTEXT_AT_START = 552_402_944
+"""527 MiB: NVML device memory minus reserved right after the CUDA context is created (measured H200)."""
+H200_OVERHEAD = 751 * MiB
+"""Outside the allocator at the peak of a training step with no fused-attention kernel (context + lazily
+loaded cuBLAS / bitsandbytes kernels; measured H200)."""
+LAZY_KERNELS = H200_OVERHEAD - H200_CONTEXT_AT_START
+"""224 MiB of kernel images loaded during the first step (measured on the H200; taken as is for every card,
+because kernel images of one library are of similar size for each architecture: not measured elsewhere)."""
+FUSED_ATTENTION_KERNELS = 16 * MiB
+"""What loading the flash-attention kernels added on the H200 (767 vs 751 MiB). Applied to the
+memory-efficient kernels of cards without flash: derived, not measured."""
+
+STACK_PER_THREAD = 1024
+"""CUDA's default per-thread stack (`cudaLimitStackSize`, 1 KiB on a fresh context). The driver reserves
+local memory for it as max resident threads per SM x SMs x per-thread local memory, context-wide
+(https://forums.developer.nvidia.com/t/local-memory-management/289339/9)."""
+
+THREADS_PER_SM = {(7, 0): 2048, (7, 5): 1024, (8, 0): 2048, (8, 6): 1536, (8, 9): 1536, (9, 0): 2048,
+                  (12, 0): 1536}
+"""Maximum resident threads per SM, CUDA C++ Programming Guide, "Features and Technical Specifications"."""
+
+
+def local_memory(sm: tuple[int, int], sms: int) -> int:
+    """Bytes of local memory the driver reserves at context creation for the default stack."""
+    return sms * THREADS_PER_SM[sm] * STACK_PER_THREAD
+
+
+CONTEXT_BASE = H200_CONTEXT_AT_START - local_memory((9, 0), 132)
+"""263 MiB of the H200's context that does not scale with the card (driver state, kernels loaded at start)."""
+
+
+def derived_context(sm: tuple[int, int], sms: int) -> int:
+    """Bytes outside the allocator at the peak on a card of `sms` SMs: the H200's context less its local
+    memory, this card's local memory, and the kernels loaded lazily on the H200. Equals the measured
+    751 MiB for the H200 itself."""
+    return CONTEXT_BASE + local_memory(sm, sms) + LAZY_KERNELS
+
+
+def fused_attention_loaded(attention: str, precision: str, peft: str) -> bool:
+    """Whether a step loads the fused-attention kernels (`FUSED_ATTENTION_KERNELS` outside the allocator):
+    SDPA on half-precision q, k, v; not under QLoRA, whose activations are fp32, nor in fp32."""
+    return attention == "sdpa" and precision != "fp32" and peft != "qlora"
+
+
+__all__ = ["SDPA_SOURCE", "has_flash", "sdpa_kernel", "sdpa_backends", "CUBLAS_SOURCE", "CUBLAS_HANDLES",
+           "workspace_config", "workspace_bytes", "cublas_workspace", "H200_CONTEXT_AT_START", "H200_OVERHEAD",
+           "LAZY_KERNELS", "FUSED_ATTENTION_KERNELS", "STACK_PER_THREAD", "THREADS_PER_SM", "local_memory",
+           "CONTEXT_BASE", "derived_context", "fused_attention_loaded"]

@@ -1,0 +1,193 @@
+"""Build what a setup trains: the real Hugging Face model (full, LoRA or QLoRA) and its optimizer.
+
+Presets and bare configs have no weights offline, so they are initialised randomly, directly on the
+target device; memory does not depend on the values. QLoRA quantizes on load, so a random-weight QLoRA
+model is first written to a temporary folder with `save_pretrained` and loaded back through the same
+`from_pretrained(quantization_config=...)` path a real checkpoint takes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import tempfile
+from typing import Any
+
+import torch
+
+from trainmem.config.setup import TrainSetup
+from trainmem.config.specs import ModelSpec
+from trainmem.errors import SetupError
+
+WEIGHT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+                 "amp-bf16": torch.float32, "amp-fp16": torch.float32}
+AUTOCAST_DTYPES = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}
+
+
+def has_bitsandbytes() -> bool:
+    """Whether bitsandbytes is importable: QLoRA and the 8-bit optimizers need it, and it is an optional extra."""
+    return importlib.util.find_spec("bitsandbytes") is not None
+
+
+def _cpu_runs(dtype: torch.dtype) -> bool:
+    try:
+        w = torch.randn(8, 8, dtype=dtype, requires_grad=True)
+        (w @ w).sum().backward()
+        return True
+    except RuntimeError:
+        return False
+
+
+def environment_problems(setup: TrainSetup, device: str, precision: str) -> list[str]:
+    """Problems that depend on this machine: missing CUDA or bitsandbytes, dtypes the CPU lacks."""
+    out: list[str] = []
+    if setup.gpus > 1 or setup.shard != "none":
+        predict = f"predict them with trainmem estimate --gpus {setup.gpus} --shard {setup.shard}"
+        if setup.shard.startswith("zero"):
+            out.append(f"--shard {setup.shard}: measured ZeRO runs are not built yet (DeepSpeed is not "
+                       f"installed); {predict}")
+        elif device == "cuda" and setup.shard != "fsdp":
+            out.append(f"--gpus {setup.gpus} --device cuda --shard {setup.shard}: only FSDP2 ranks are emulated "
+                       f"on one GPU (--shard fsdp); use --device cpu for gloo processes or {predict}")
+        if setup.offload != "none":
+            out.append(f"--offload {setup.offload}: measured offload runs are not built yet; {predict}")
+        if setup.engine == "trainer":
+            out.append("--engine trainer: multi-process runs use the built-in loop; use --engine loop")
+    needs_bnb = setup.peft == "qlora" or "8bit" in setup.optimizer
+    if device == "cuda" and not torch.cuda.is_available():
+        out.append("--device cuda: no CUDA device is visible; use --device cpu")
+    if needs_bnb and not has_bitsandbytes():
+        what = "--peft qlora" if setup.peft == "qlora" else f"--optimizer {setup.optimizer}"
+        out.append(f"{what}: needs bitsandbytes, which is not installed "
+                   "(pip install 'trainmem[qlora]' on a CUDA machine)")
+    if setup.peft == "qlora" and device == "cpu":
+        out.append("--peft qlora: 4-bit NF4 training runs on CUDA only here; use --device cuda or "
+                   "--peft lora on the CPU")
+    if setup.optimizer == "paged-adamw-8bit" and device == "cpu":
+        out.append("--optimizer paged-adamw-8bit: paged states live in CUDA managed memory; use "
+                   "--optimizer adamw-8bit or a CUDA device")
+    if device == "cpu":
+        dtype = AUTOCAST_DTYPES.get(precision, WEIGHT_DTYPES.get(precision))
+        if dtype not in (None, torch.float32) and not _cpu_runs(dtype):
+            out.append(f"--precision {precision}: this CPU's PyTorch cannot train in {dtype}; "
+                       "use --precision fp32")
+    if device == "cuda" and torch.cuda.is_available():
+        cap = setup.cap_bytes(precision)
+        total = torch.cuda.get_device_properties(0).total_memory
+        if cap is not None and cap > total:
+            flag = f"--gpu {setup.gpu}" if setup.gpu else "--memory-cap"
+            out.append(f"{flag}: caps memory at {cap / 2**30:.2f} GiB, more than this card's "
+                       f"{total / 2**30:.2f} GiB; a cap can only make a card smaller")
+        if precision in ("bf16", "amp-bf16") and not torch.cuda.is_bf16_supported():
+            out.append(f"--precision {precision}: this GPU has no bf16; use fp16 or amp-fp16")
+    return out
+
+
+def lora_config(setup: TrainSetup) -> Any:
+    """The peft `LoraConfig` of a setup: one place, so that the run, the estimator's meta model and the
+    QLoRA simulation adapt exactly the same modules."""
+    from peft import LoraConfig
+
+    # peft takes the string "all-linear" (every Linear but the output head), not a list holding it
+    targets = "all-linear" if setup.lora_targets == ["all-linear"] else setup.lora_targets
+    return LoraConfig(r=setup.lora_r, lora_alpha=setup.lora_alpha, lora_dropout=setup.lora_dropout,
+                      target_modules=targets, bias="none", task_type="CAUSAL_LM")
+
+
+def _random_model(spec: ModelSpec, dtype: torch.dtype, attention: str, device: str) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(spec.hf_config(), dtype=dtype, attn_implementation=attention)
+
+
+def init_device(spec: ModelSpec, dtype: torch.dtype, cap: int | None, free: int) -> str:
+    """Where a QLoRA preset's random 16-bit weights are made before the 4-bit load: the GPU (fast) where
+    they fit with a tenth to spare under the cap (`--gpu`, `--memory-cap`) and the free memory, else the
+    CPU. A user's checkpoint never takes this detour: llama-3.1-8b (16 GB in bf16) under the A4000's cap
+    ran out of memory here, before its 4-bit load (held-out 11, H200 2026-12-04)."""
+    need = spec.parameter_count * torch.empty((), dtype=dtype).element_size()
+    room = min(free, cap) if cap is not None else free
+    return "cuda" if need <= 0.9 * room else "cpu"
+
+
+def build_model(spec: ModelSpec, setup: TrainSetup, device: str, precision: str) -> torch.nn.Module:
+    """The model, on `device`, in training mode, with checkpointing and adapters as the setup says."""
+    from transformers import AutoModelForCausalLM
+
+    setup = setup.resolved(spec)  # callers that never validated with the spec (verify) may still say auto
+
+    torch.manual_seed(setup.seed)
+    dtype = WEIGHT_DTYPES[precision]
+    if setup.peft == "qlora":
+        from peft import prepare_model_for_kbit_training
+        from transformers import BitsAndBytesConfig
+
+        compute = dtype if dtype != torch.float32 else AUTOCAST_DTYPES.get(precision, torch.float32)
+        quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                   bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute)
+        kwargs = dict(dtype=dtype, attn_implementation=setup.attention, quantization_config=quant,
+                      device_map={"": 0})
+        if spec.has_weights:
+            model = AutoModelForCausalLM.from_pretrained(spec.path, **kwargs)
+        else:
+            with tempfile.TemporaryDirectory(prefix="trainmem-qlora-") as tmp:
+                # Random init is fast on the GPU; the unquantized copy is freed and forgotten by the
+                # allocator's statistics before the real (quantizing) load starts.
+                where = init_device(spec, dtype, setup.cap_bytes(precision), torch.cuda.mem_get_info()[0])
+                _random_model(spec, dtype, setup.attention, where).save_pretrained(tmp)
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+                model = AutoModelForCausalLM.from_pretrained(tmp, **kwargs)
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=setup.checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        if spec.has_weights:
+            model = AutoModelForCausalLM.from_pretrained(spec.path, dtype=dtype, attn_implementation=setup.attention,
+                                                         device_map={"": device})
+        else:
+            model = _random_model(spec, dtype, setup.attention, device)
+        if setup.checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False  # training never reads the KV cache; the seed turns it off too
+    if setup.peft in ("lora", "qlora"):
+        from peft import get_peft_model
+
+        model = get_peft_model(model, lora_config(setup))
+    model.train()
+    return model
+
+
+def build_optimizer(model: torch.nn.Module, setup: TrainSetup) -> torch.optim.Optimizer:
+    """The optimizer over the trainable parameters only (frozen ones get no state)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise SetupError(["--peft: the model has no trainable parameters; check --lora-targets"])
+    name, lr = setup.optimizer, setup.lr
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    if name == "adamw-fused":
+        return torch.optim.AdamW(params, lr=lr, fused=True)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if name == "adafactor":
+        from transformers.optimization import Adafactor
+
+        # An explicit learning rate, as Hugging Face recommends for fine-tuning with Adafactor.
+        return Adafactor(params, lr=lr, scale_parameter=False, relative_step=False, warmup_init=False)
+    import bitsandbytes as bnb
+
+    if name == "adamw-8bit":
+        return bnb.optim.AdamW8bit(params, lr=lr)
+    return bnb.optim.PagedAdamW8bit(params, lr=lr)
+
+
+def trainable_parameters(model: torch.nn.Module) -> tuple[int, int]:
+    """(trainable, all) parameter counts; 4-bit weights count their logical elements."""
+    trainable = total = 0
+    for p in model.parameters():
+        n = p.numel() * (2 if p.dtype == torch.uint8 and hasattr(p, "quant_state") else 1)
+        total += n
+        if p.requires_grad:
+            trainable += n
+    return trainable, total

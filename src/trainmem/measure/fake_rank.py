@@ -1,0 +1,93 @@
+"""One rank of an N-rank FSDP2 run in this one process, through PyTorch's fake process group
+(`trainmem.fsdp.fake_group`): the memory one rank holds is real, on the CPU (tensors, counted by the
+TensorLedger) or on one GPU. Not measured: NCCL's own buffers, and the overlap of communication with compute
+(the fake collectives finish before the next kernel, so buffers that a real run keeps alive while a collective
+is in flight may live shorter here). The precision flags map to FSDP2's `MixedPrecisionPolicy` as
+`trainmem.fsdp.precision_policy` says; trainmem's loop keeps its autocast region around the forward, which is
+then a no-op on the gathered half-precision weights.
+
+`measure_rank_here` is the per-rank experiment; `measure_emulated` runs one rank (or every rank in turn)
+under the fake group.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import torch
+
+from trainmem.config.setup import TrainSetup
+from trainmem.config.specs import ModelSpec
+from trainmem.fsdp import fake_group, follow_fsdp_storage, policy_words, shard_model
+from trainmem.result import Result
+
+
+def ranks_of(setup: TrainSetup) -> list[int]:
+    """The ranks `--rank` names: one, or every rank in turn for `all`; 0 when it is not given."""
+    if setup.rank == "all":
+        return list(range(setup.gpus))
+    return [int(setup.rank or 0)]
+
+
+def measure_rank_here(spec: ModelSpec, setup: TrainSetup, device: str, precision: str, rank: int, world: int,
+                      env: dict[str, Any]) -> Result:
+    """One rank of the FSDP2 run, in a process whose default process group is already initialised."""
+    from .data import load_dataset, micro_batches
+    from .stages import measure
+
+    samples, pad_id = load_dataset(spec, setup)
+    batches = micro_batches(samples, setup.batch_size, pad_id)
+    k = rank % len(batches)  # this rank's share first; every micro-batch has the same shape
+    batches = batches[k:] + batches[:k]
+    device_type = "cuda" if device == "cuda" else "cpu"
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    seen: dict[str, Any] = {}
+
+    def follow(ledger: Any) -> Any:
+        seen["ledger"] = ledger
+        return follow_fsdp_storage(ledger)
+
+    def wrap(model: torch.nn.Module) -> torch.nn.Module:
+        # trainmem builds the whole model on the device, then shards it; a production FSDP2 run builds
+        # on meta and materialises only its shard, so the peak starts once the model is sharded
+        shard_model(model, world, precision, device_type)
+        gc.collect()
+        seen["ledger"].restart_peak()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        return model
+
+    result = measure(spec, setup, device, precision, batches, wrap=wrap, follow=follow,
+                     env={**env, "rank": rank, "world_size": world})
+    result.notes.append("the unsharded model built before fully_shard is not counted: the peak starts once "
+                        "the model is sharded (the `load` phase shows the sharded model)")
+    return result
+
+
+def measure_emulated(spec: ModelSpec, setup: TrainSetup, device: str, precision: str) -> Result:
+    """Rank `--rank` (or each in turn) of the `--gpus` N-rank FSDP2 run, each under its own fake group."""
+    from .gloo import merge_ranks
+
+    n = setup.gpus
+    rows = []
+    for rank in ranks_of(setup):
+        with fake_group(rank, n):
+            r = measure_rank_here(spec, setup, device, precision, rank, n,
+                                  {"backend": "fake", "emulated_world": n})
+        r.notes.append(f"emulated: rank {rank} of {n} through PyTorch's fake process group on one "
+                       f"{'GPU' if device == 'cuda' else 'CPU process'} (FSDP2, {precision}: "
+                       f"{policy_words(precision)}); not measured: NCCL's buffers, overlap of communication "
+                       "with compute")
+        r.notes.append("FSDP2: gathered (unsharded) layers count in `other` while they are gathered")
+        rows.append(r.to_dict())
+    if len(rows) == 1:
+        return Result.from_dict(rows[0])
+    merged = merge_ranks(rows)
+    merged.env["emulated_world"] = n
+    return merged
+
+
+__all__ = ["measure_emulated", "measure_rank_here", "ranks_of"]

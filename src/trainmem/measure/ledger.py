@@ -1,0 +1,347 @@
+"""Memory readers: what is live, by whom, and at the peak.
+
+Two sources, used together:
+- The CUDA caching allocator (`torch.cuda.memory_*`): authoritative allocated/reserved bytes and peaks
+  on a GPU; `cudaMemGetInfo` for what the whole device uses (context and non-PyTorch memory included).
+- A `TensorLedger`, a `TorchDispatchMode` that sees every tensor storage the training step creates and
+  when it dies. It is the allocator on the CPU (where PyTorch keeps no statistics), splits the peak into
+  weights, gradients, optimizer states, activations and other on both devices, and can enforce a memory
+  cap on the CPU so that an OOM happens for real, at the allocation that crosses the cap.
+
+`torch.distributed._tools.MemTracker` does a similar split but registers gradient hooks on every
+parameter and fails on frozen ones (LoRA), hence this small ledger.
+"""
+
+from __future__ import annotations
+
+import re
+import resource
+import weakref
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakIdKeyDictionary
+
+
+class CapExceeded(torch.OutOfMemoryError):
+    """Raised by the ledger when a new storage would cross the memory cap (a real OOM on the CPU)."""
+
+    def __init__(self, requested: int, live: int, cap: int):
+        self.requested = requested
+        super().__init__(f"memory cap of {cap} bytes exceeded: tried to allocate {requested} bytes "
+                         f"with {live} bytes live")
+
+
+def requested_bytes(err: BaseException) -> int | None:
+    """The size of the allocation that failed, from our ledger or from PyTorch's CUDA OOM text."""
+    if isinstance(err, CapExceeded):
+        return err.requested
+    m = re.search(r"Tried to allocate ([\d.]+) (GiB|MiB|KiB|B)", str(err))
+    if not m:
+        return None
+    return int(float(m.group(1)) * {"GiB": 1024**3, "MiB": 1024**2, "KiB": 1024, "B": 1}[m.group(2)])
+
+
+# --- bytes held by the model's own objects ------------------------------------------------------
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The tensor that holds this process's bytes: a DTensor's local shard (FSDP2 parameters, their
+    gradients and optimizer states are DTensors; the wrapper itself has no storage of its own).
+    Read without dispatching an operator, so the ledger sees nothing new."""
+    local = getattr(t, "_local_tensor", None)
+    return local if isinstance(local, torch.Tensor) else t
+
+
+def _unique_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            continue
+        t = local_tensor(t)  # DTensor: count the rank's shard, not the global size
+        st = t.untyped_storage()
+        # Meta storages (the estimator's simulation) all have address 0: tell them apart by identity,
+        # which PyTorch keeps stable for a live storage.
+        # Fake storages (the sharded simulation) have no address to read either.
+        key = (id(st) if st.device.type == "meta" or _is_fake(t) else st.data_ptr() or id(st), st.nbytes())
+        if key not in seen:
+            seen.add(key)
+            total += st.nbytes()
+    return total
+
+
+def weight_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Parameters, buffers, and the quantization state of bitsandbytes 4-bit weights."""
+    out: list[torch.Tensor] = list(model.parameters()) + list(model.buffers())
+    for p in model.parameters():
+        qs = getattr(p, "quant_state", None)
+        if qs is not None:
+            out += [t for t in (qs.absmax, qs.code) if isinstance(t, torch.Tensor)]
+            nested = getattr(qs, "state2", None)
+            if nested is not None:
+                out += [t for t in (nested.absmax, nested.code) if isinstance(t, torch.Tensor)]
+    return out
+
+
+def gradient_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The `.grad` tensors that exist now (None after `zero_grad(set_to_none=True)`)."""
+    return [p.grad for p in model.parameters() if p.grad is not None]
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Every tensor the optimizer keeps as state (Adam's moments, 8-bit quantization maps, step counters)."""
+    return [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+
+
+@dataclass
+class StateBytes:
+    """Bytes held by the training state itself (the seed's optimizer and gradient figures)."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+
+    def to_dict(self) -> dict[str, int]:
+        """The three figures by name, as the row's `model_states` holds them."""
+        return asdict(self)
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
+def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> StateBytes:
+    """Bytes of weights, gradients and optimizer states live now, each storage counted once (tied weights, views)."""
+    return StateBytes(_unique_bytes(weight_tensors(model)), _unique_bytes(gradient_tensors(model)),
+                      _unique_bytes(optimizer_tensors(optimizer)) if optimizer is not None else 0)
+
+
+# --- the ledger ------------------------------------------------------------------------------------
+
+EMPTY_CACHE = "empty_cache"
+"""The key of a recorded event that releases the allocator's cached free segments."""
+
+
+class TensorLedger(TorchDispatchMode):
+    """Counts live storage bytes created by operators, with peaks and a split of the peak.
+
+    Storages are tagged with the phase that created them; those made in `forward` are the activations
+    (tensors saved for backward, logits and loss). At each new peak the ledger asks `state` for the
+    bytes of weights, gradients and optimizer states live at that moment; the rest of the peak is
+    `other` (backward and optimizer temporaries, inputs, recomputation under checkpointing).
+    """
+
+    def __init__(self, state: Callable[[], StateBytes], cap: int | None = None):
+        super().__init__()
+        self._state = state
+        self._seen: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.cap = cap
+        self.phase = "other"
+        self.live = 0
+        self.by_tag: dict[str, int] = defaultdict(int)
+        self.peak = 0
+        self.phase_peak = 0
+        self.peak_split: dict[str, int] = {}
+        self.peak_phase = ""
+        self._cached_state: StateBytes | None = None
+        self.events: list[tuple[int, int]] | None = None
+        """With `record()`: (storage key, bytes) per allocation and (key, -1) per free, in order, for the
+        allocator replay (`trainmem.estimator.memory.allocator`)."""
+        self.marks: dict[str, int] = {}
+        """With `record()`: the index in `events` at which each phase first began (the replay repeats the
+        last simulated step from there)."""
+        self._keys = 0
+        self.kernels: Callable[[Any, tuple, Any], Iterable[int]] | None = None
+        """The simulate method's model of CUDA kernels, called after each operator: returns the bytes the
+        kernel allocates and frees inside itself, which no dispatch shows (each counted for that moment,
+        after the outputs), and may `hold` what it keeps."""
+
+    def record(self) -> TensorLedger:
+        """Also keep every allocation and free in order (`events`), for the estimator's allocator replay."""
+        self.events = []
+        return self
+
+    def adopt(self, tensors: Iterable[torch.Tensor], tag: str = "state") -> None:
+        """Count storages that existed before the ledger started (weights, optimizer states)."""
+        for t in tensors:
+            self._register(t, tag, check_cap=False)
+
+    def hold(self, n: int, tag: str = "other") -> None:
+        """Count an allocation no operator shows that stays for the rest of the run (the simulate
+        method's cuBLAS workspaces, which a CUDA kernel allocates on its first call)."""
+        self._new_key(n)
+        self._add(tag, n)
+
+    def empty_cache(self) -> None:
+        """Record a `torch.cuda.empty_cache()` for the allocator replay (peft calls it after its fp32 casts)."""
+        if self.events is not None:
+            self.events.append((EMPTY_CACHE, 0))
+
+    def set_phase(self, phase: str) -> None:
+        """Name the phase that the next allocations belong to (those of a `forward` phase count as activations)."""
+        if self.events is not None:
+            self.marks.setdefault(phase, len(self.events))
+        self.phase = phase
+        self.phase_peak = self.live
+        self._cached_state = None
+
+    def _register(self, t: torch.Tensor, tag: str, check_cap: bool = True) -> None:
+        t = local_tensor(t)  # a DTensor's bytes are its local shard's
+        if t.is_sparse:
+            return
+        try:
+            st = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        if st in self._seen:
+            return
+        n = st.nbytes()
+        if check_cap and self.cap is not None and self.live + n > self.cap:
+            raise CapExceeded(n, self.live, self.cap)
+        cell = [tag, n, self._new_key(n)]  # what this storage counts now; `resized` changes it
+        self._seen[st] = cell
+        weakref.finalize(st, self._free_cell, cell)
+        self._add(tag, n)
+
+    def _new_key(self, n: int) -> int:
+        self._keys += 1
+        if self.events is not None:
+            self.events.append((self._keys, n))
+        return self._keys
+
+    def resized(self, t: torch.Tensor, tag: str = "gathered") -> None:
+        """Re-read the size of `t`'s storage after an in-place resize no operator shows (FSDP2 frees a
+        gathered layer by resizing its storage to zero); it counts under `tag` from now on."""
+        st = local_tensor(t).untyped_storage()
+        cell = self._seen.get(st)
+        if cell is None:
+            self._register(t, tag)
+            return
+        self._free_cell(cell)
+        cell[0], cell[1] = tag, st.nbytes()
+        cell[2] = self._new_key(cell[1])
+        self._add(tag, cell[1])
+
+    def _add(self, tag: str, n: int) -> None:
+        self.live += n
+        self.by_tag[tag] += n
+        if self.live > self.phase_peak:
+            self.phase_peak = self.live
+        if self.live > self.peak:
+            self.peak = self.live
+            self._snapshot()
+
+    def _free_cell(self, cell: list[Any]) -> None:
+        if self.events is not None:
+            self.events.append((cell[2], -1))
+        self._free(cell[0], cell[1])
+
+    def _free(self, tag: str, n: int) -> None:
+        self.live -= n
+        self.by_tag[tag] -= n
+
+    def restart_peak(self) -> None:
+        """Forget the peak so far: the next allocation starts a new one (an emulated FSDP2 rank does this
+        once its model is sharded, so the unsharded build does not count)."""
+        self.peak = self.phase_peak = self.live
+        self.peak_split, self.peak_phase = {}, self.phase
+
+    def _snapshot(self) -> None:
+        # Weights and optimizer states only change in the step, gradients only in backward/step.
+        if self._cached_state is None or self.phase.endswith(("backward", "optimizer")):
+            self._cached_state = self._state()
+        s = self._cached_state
+        activations = self.by_tag.get("forward", 0)
+        other = self.peak - s.weights - s.gradients - s.optimizer - activations
+        self.peak_split = {"weights": s.weights, "gradients": s.gradients, "optimizer": s.optimizer,
+                           "activations": activations, "other": max(other, 0)}
+        self.peak_phase = self.phase
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        tag = "forward" if self.phase.endswith("forward") else self.phase
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self._register(t, tag)
+        if self.kernels is not None:
+            for n in self.kernels(func, args, out):
+                key = self._new_key(n)
+                self._add("other", n)
+                self._free("other", n)
+                if self.events is not None:
+                    self.events.append((key, -1))
+        return out
+
+
+# --- device-level readers ---------------------------------------------------------------------------
+
+def process_peak_rss() -> int:
+    """Peak resident memory of this process in bytes (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+@dataclass
+class Reading:
+    """One read of a memory reader: now and peak, allocated and reserved, and what the whole device uses."""
+    allocated: int
+    reserved: int
+    peak_allocated: int
+    peak_reserved: int
+    device_used: int
+
+
+class CudaReader:
+    """The caching allocator's counters and the device's own use (`cudaMemGetInfo`)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        torch.cuda.init()
+        torch.cuda.synchronize(device)
+        self.total = torch.cuda.get_device_properties(device).total_memory
+        # What the device holds beyond PyTorch's reservations right after start: the CUDA context.
+        self.context = self.device_used() - torch.cuda.memory_reserved(device)
+
+    def device_used(self) -> int:
+        """Bytes the whole device uses now (`cudaMemGetInfo`): context, reserved and other processes' memory."""
+        free, total = torch.cuda.mem_get_info(self.device)
+        return total - free
+
+    def reset_peak(self) -> None:
+        """Start a new peak: the allocator's peak statistics restart from what is allocated now."""
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def read(self) -> Reading:
+        """The allocator's counters and peaks, after a synchronize so that queued kernels have allocated."""
+        torch.cuda.synchronize(self.device)
+        d = self.device
+        return Reading(torch.cuda.memory_allocated(d), torch.cuda.memory_reserved(d),
+                       torch.cuda.max_memory_allocated(d), torch.cuda.max_memory_reserved(d),
+                       self.device_used())
+
+    def cap(self, cap_bytes: int) -> None:
+        """Let the allocator reserve at most `cap_bytes` on this device (a smaller card's OOM)."""
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap_bytes / self.total), self.device)
+
+
+class LedgerReader:
+    """CPU: the ledger is the allocator (no caching, so reserved == allocated); RSS for the device."""
+
+    def __init__(self, ledger: TensorLedger):
+        self.ledger = ledger
+        self.context = 0
+
+    def reset_peak(self) -> None:
+        """Start a new peak at what the ledger holds now."""
+        self.ledger.phase_peak = self.ledger.live
+
+    def read(self) -> Reading:
+        """The ledger's live bytes and peak (allocated = reserved on the CPU) and the process's peak RSS."""
+        lg = self.ledger
+        return Reading(lg.live, lg.live, lg.phase_peak, lg.phase_peak, process_peak_rss())

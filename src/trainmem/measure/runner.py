@@ -1,0 +1,69 @@
+"""One experiment, isolated: a fresh Python process per experiment; a crash or a hang becomes a result.
+
+`run()` starts `python -m trainmem.measure.worker` for each experiment by default, so no memory from an earlier
+experiment leaks into the next one (the seed's QLoRA run started with 0.945 GB left over from a previous
+cell) and a crash cannot take the caller down. The worker runs `engines.execute_validated`; with
+`isolate=False`, `engines.execute` runs here instead (`trainmem.measure.runner.execute` is that function). This
+module imports no torch: the parent of an isolated run stays light and holds no CUDA context of its own
+next to the one it measures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from trainmem.config.setup import TrainSetup
+from trainmem.config.specs import ModelSpec
+from trainmem.errors import SetupError
+from trainmem.result import Result
+
+from .engines import execute
+from .job import to_job
+
+
+def run(spec: ModelSpec | str, setup: TrainSetup | None = None, isolate: bool = True,
+        timeout: float | None = None) -> Result:
+    """Measure one setup: build, train `setup.steps` steps, read every phase.
+
+    Args:
+        spec: a ModelSpec or a name `ModelSpec.resolve` takes (preset, config.json, folder, hub id).
+        setup: validated here against the model, once (default: `TrainSetup()`).
+        isolate: run in a fresh process (default); False runs in this one (faster, may keep memory).
+        timeout: seconds after which the isolated process is stopped and the row says so.
+    Returns:
+        The row, status `ok`, `oom` or `error`. Raises SetupError, listing every problem, for bad input.
+    """
+    spec = ModelSpec.resolve(spec) if isinstance(spec, str) else spec
+    setup = (setup or TrainSetup()).validate(spec)
+    if not isolate:
+        return execute(spec, setup)
+    with tempfile.TemporaryDirectory(prefix="trainmem-") as tmp:
+        job, out = os.path.join(tmp, "job.json"), os.path.join(tmp, "result.json")
+        with open(job, "w") as f:
+            json.dump(to_job(spec, setup), f)
+        try:
+            proc = subprocess.run([sys.executable, "-m", "trainmem.measure.worker", job, out],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return _failed(spec, setup, f"the experiment ran past {timeout} s and was stopped")
+        if not os.path.exists(out):
+            return _failed(spec, setup, f"the worker process died (exit {proc.returncode}):\n"
+                                        + "\n".join(proc.stderr.splitlines()[-20:]))
+        with open(out) as f:
+            row = json.load(f)
+    if row.get("status") == "invalid":
+        raise SetupError(row["problems"])
+    return Result.from_dict(row)
+
+
+def _failed(spec: ModelSpec, setup: TrainSetup, why: str) -> Result:
+    """The row of a worker that returned none (it died or ran out of time): the setup as given."""
+    return Result(kind="measurement", status="error", setup=setup.to_dict(), model={"name": spec.name},
+                  effective_batch=setup.effective_batch, error=why)
+
+
+__all__ = ["run"]

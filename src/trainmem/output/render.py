@@ -1,0 +1,220 @@
+"""Terminal rendering of results with rich. Pure presentation: no measurement happens here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from trainmem.config.commands import describe, run_command, training_arguments
+from trainmem.config.setup import TrainSetup
+from trainmem.result import Result
+from trainmem.search.plan import Plan
+
+GiB, MiB = 1024**3, 1024**2
+
+_PARTS = [("weights", "weights (params, buffers, 4-bit states)"), ("gradients", "gradients"),
+          ("optimizer", "optimizer states"), ("activations", "activations (saved by forward, logits)"),
+          ("other", "other (backward/step temporaries, workspace)")]
+
+
+def size(n: int | None) -> str:
+    """Bytes as the seed prints them (GB = 1024**3), with MiB for small values."""
+    if n is None:
+        return "-"
+    return f"{n / GiB:.3f} GiB" if abs(n) >= 100 * MiB else f"{n / MiB:.2f} MiB"
+
+
+LEVEL_WORDS = {"fits": "[green]fits[/green]", "no": "[red]does not fit[/red]",
+               "tight": "[yellow]tight[/yellow] (fits the capacity, with less than the margin free)"}
+
+
+def verdict_line(v: dict[str, Any]) -> str:
+    """The verdict in one line; rows written before levels existed have only `fits`."""
+    level = v.get("level") or ("fits" if v["fits"] else "no")
+    other = v.get("runtime") and v["runtime"] != v["gpu"]
+    return (f"{v['gpu']}: {LEVEL_WORDS[level]}, headroom {size(v['headroom'])} (reserved + memory outside the "
+            f"allocator vs capacity, {v['margin']:.0%} margin); cut first: {v['advice']}"
+            + (f" (kernels and workspaces modelled on the {v['runtime']}: pass --gpu {v['gpu']} to model this card)"
+               if other else ""))
+
+
+def sweep_line(label: str, r: Result) -> str:
+    """One sweep row as it finishes: its status and peak, the verdict where a card was given, and for
+    the chapter's runs what the book saw on its T4 (the outcome is the thing to compare)."""
+    from trainmem.config.chapter import find_run
+
+    line = f"{label}: {r.status}, peak_allocated {r.memory['peak_allocated'] / 2**30:.3f} GiB"
+    if r.verdict:
+        level = r.verdict.get("level") or ("fits" if r.verdict["fits"] else "no")
+        line += f"; {r.verdict['gpu']}: {level}, headroom {size(r.verdict['headroom'])}"
+    run = find_run(r.setup) if r.model.get("name") == "polyglot-ko-1.3b" else None
+    if run is not None:
+        line += "; the book's T4: " + ("out of memory" if run.at_first_step_gb is None else "ran")
+    return line
+
+
+def result_tables(r: Result, phases: bool = False) -> list[Any]:
+    """A row as the terminal shows it: title, status, the memory at the peak, the seed's figures, throughput,
+    verdict, OOM and notes (and, with `phases`, every phase)."""
+    s = r.setup
+    title = (f"{r.model.get('name')}  batch {s['batch_size']} x accum {s['grad_accum']} "
+             f"(effective {r.effective_batch}), seq {s['seq_len']}, {s['peft']}, {s['precision']}, "
+             f"{s['optimizer']}{', checkpointing' if s['checkpointing'] else ''}  on {r.env.get('gpu') or s['device']}")
+    out: list[Any] = [f"[bold]{title}[/bold]"]
+    if r.kind == "estimate":
+        out.append(f"estimate ({r.method} method) for one CUDA GPU; the peak is in the {r.peak_phase}")
+    else:
+        status = {"ok": "[green]ok[/green]", "oom": "[red]out of memory[/red]", "error": "[red]error[/red]"}[r.status]
+        cap = f"  (memory capped to {s['gpu']})" if s.get("gpu") else ""
+        out.append(f"status: {status}{cap}   steps done: {r.steps_done}/{s['steps']}   peak in {r.peak_phase}")
+    mem = Table(title="Memory at the peak", show_edge=False)
+    mem.add_column("part")
+    mem.add_column("bytes", justify="right")
+    mem.add_column("size", justify="right")
+    m = r.memory
+    for key, label in _PARTS:
+        mem.add_row(label, f"{m[key]:,}", size(m[key]))
+    mem.add_row("[bold]peak allocated[/bold]", f"{m['peak_allocated']:,}", size(m["peak_allocated"]))
+    mem.add_row("peak reserved (allocator)", f"{m['peak_reserved']:,}", size(m["peak_reserved"]))
+    dev_label = "device used (context + reserved)" if s["device"] == "cuda" else "process peak RSS"
+    mem.add_row(dev_label, f"{m['device_used']:,}", size(m["device_used"]))
+    out.append(mem)
+    over = sum(m[key] for key, _ in _PARTS) - m["peak_allocated"]
+    if over > 0:  # a part lives outside the allocator whose peak this is (paged optimizer states)
+        out.append(f"the parts exceed peak allocated by {size(over)}: some of them live outside PyTorch's "
+                   "allocator (paged optimizer states are in CUDA managed memory)")
+    ms = r.model_states
+    out.append(f"after an optimizer step (the seed's figures): optimizer states {size(ms['optimizer'])}, "
+               f"gradients {size(ms['gradients'])}, weights {size(ms['weights'])}")
+    tp = r.throughput
+    if tp.get("tokens_per_s"):
+        out.append(f"throughput: {tp['tokens_per_s']:,.0f} tokens/s, {tp['step_time_s'] * 1000:.1f} ms/step "
+                   f"over {tp['timed_steps']} unprobed step(s)")
+    if r.time.get("step_s"):
+        t = r.time
+        out.append(f"predicted time on the {t['card']}: {t['step_s'] * 1000:.1f} ms/step, {t['tokens_per_s']:,.0f} "
+                   f"tokens/s, MFU {t['mfu']:.0%}" + (" (derived from its datasheet figures)" if t.get("derived") else ""))
+    if r.verdict:
+        out.append(verdict_line(r.verdict))
+    if r.oom:
+        req = r.oom.get("tried_to_allocate")
+        out.append(f"[red]OOM[/red] in phase [bold]{r.oom['phase']}[/bold]: tried to allocate {size(req)}, "
+                   f"peak reached {size(r.oom['peak_allocated'])}")
+    if r.error:
+        out.append(f"[red]{r.error.strip().splitlines()[-1]}[/red]")
+    for note in r.notes:
+        out.append(f"note: {note}")
+    if phases and r.phases:
+        t = Table(title="Phases", show_edge=False)
+        for col in ("phase", "allocated", "peak", "reserved", "gradients", "optimizer"):
+            t.add_column(col, justify="left" if col == "phase" else "right")
+        for ph in r.phases:
+            t.add_row(ph["phase"], size(ph["allocated"]), size(ph["peak_allocated"]), size(ph["reserved"]),
+                      size(ph["gradients"]), size(ph["optimizer"]))
+        out.append(t)
+    return out
+
+
+def print_result(r: Result, console: Console | None = None, phases: bool = False) -> None:
+    """Print `result_tables` to `console` (stdout by default)."""
+    console = console or Console()
+    for item in result_tables(r, phases):
+        console.print(item)
+
+
+def print_max_batch(a: dict[str, Any], target: int | None, console: Console | None = None) -> None:
+    """`trainmem max-batch`'s answer in words: the batch, how it was confirmed, the power-of-two cost."""
+    console = console or Console()
+    if not a["batch"]:
+        console.print(f"[red]Not even batch 1 fits {a['model']} on the {a['gpu']}[/red] (margin {a['margin']:.0%}); "
+                      "`trainmem estimate --batch-size 1 --gpu ...` says what to cut first.")
+        return
+    tried = ", ".join(f"{b} {'fits' if ok else 'does not'}" for b, ok in a["tried"])
+    how = (f"confirmed with {a['trials']} real runs ({tried})" if a["confirmed"] else
+           f"from the estimate ({a['estimates']} estimates; no CUDA device here, so no real run)")
+    console.print(f"Largest micro-batch for {a['model']} on the {a['gpu']}: [bold]{a['batch']}[/bold], {how}.",
+                  highlight=False)
+    console.print(f"A power-of-two search (1, 2, 4, ...) would take {a['power_of_two_trials']} real runs and find "
+                  f"{a['power_of_two']}.", highlight=False)
+    if target:
+        micro, accum = a["micro_batch"], a["grad_accum"]
+        why = "" if micro == min(a["batch"], target) else (
+            f" ({a['batch']} does not divide {target}: {micro} is the largest micro-batch below it that does)")
+        console.print(f"Effective batch {target}: --batch-size {micro} --grad-accum {accum}{why}.", highlight=False)
+
+
+def plan_console(stderr: bool = False) -> Console:
+    """The console `trainmem plan` prints to; to a file or a pipe it is at least 110 wide, so that the plan's
+    columns are not wrapped."""
+    console = Console(stderr=stderr)
+    if not console.is_terminal:
+        console.width = max(console.width, 110)
+    return console
+
+
+def _duration(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 60:
+        return f"{s:.1f} s"
+    h, rest = divmod(int(round(s)), 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}"
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def print_plan(plan: Plan, console: Console | None = None, allow: tuple[str, ...] = ()) -> None:
+    """`trainmem plan`'s answer: the ranked table, then the winner's command and TrainingArguments."""
+    console = console or plan_console()
+    varied = tuple(f for f in ("precision", "optimizer") if f in allow)
+    first = plan.options[0].setup if plan.options else None
+    fixed = "" if first is None else ", ".join(f"{getattr(first, f)}" for f in ("precision", "optimizer") if f not in varied)
+    job = f"; job: {plan.job_tokens:,} tokens" if plan.job_tokens else ""
+    console.print(f"[bold]{plan.model} on the {plan.gpu}: effective batch {plan.target_batch} x {plan.seq_len} tokens"
+                  f"{', ' + fixed if fixed else ''}{job}[/bold]", highlight=False)
+    console.print(f"{plan.searched} setups estimated, {plan.not_fitting} do not fit; the fastest of each kind, "
+                  "fastest first (predicted: docs/time-model.md)", highlight=False)
+    if not plan.options:
+        console.print(f"[red]Nothing fits the {plan.gpu}[/red] at effective batch {plan.target_batch}; "
+                      "allow more with --allow peft,optimizer,precision, or pick a bigger card.")
+        return
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    columns = ["#", "micro x accum", "peak", "free", "verdict", "step", "tokens/s", "MFU"] + (["job"] if plan.job_tokens else [])
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("micro x accum", "verdict") else "right", no_wrap=True)
+    for i, o in enumerate(plan.options, 1):
+        level = "[green]fits[/green]" if o.level == "fits" else "[yellow]tight[/yellow]"
+        row = [str(i), describe(o.setup, varied), _gib(o.need), _gib(o.headroom),
+               f"{level} ({'sim' if o.checked == 'simulate' else 'ana'})", f"{o.step_s * 1000:,.0f} ms",
+               f"{o.tokens_per_s:,.0f}", f"{o.mfu:.0%}"]
+        table.add_row(*row, *([_duration(plan.job_s(o))] if plan.job_tokens else []))
+    console.print(table)
+    console.print("peak: reserved + outside the allocator; free: within the margin; sim/ana: simulate/analytic "
+                  "verdict", style="dim", highlight=False)
+    for d in plan.dropped:
+        s = d["setup"]
+        console.print(f"dropped: {s['batch_size']} x {s['grad_accum']} {s['peft']}"
+                      f"{' ckpt' if s['checkpointing'] else ''}: the analytic estimate says {d['analytic']}, "
+                      f"simulate says {d['simulate']} ({_gib(d['need'])} needed)", highlight=False)
+    win = plan.options[0]
+    console.print(f"\n[bold]Winner[/bold]: {run_command(plan.model, win.setup)}", highlight=False, soft_wrap=True)
+    console.print(training_arguments(win.setup), highlight=False, soft_wrap=True)
+    if win.level == "tight":
+        console.print("[yellow]The winner is tight: less than the margin stays free; the next one down is safer.[/yellow]")
+    for note in plan.notes:
+        console.print(f"note: {note}", highlight=False, soft_wrap=True)
+
+
+def print_confirmed(setup: TrainSetup, entry: dict[str, Any], console: Console | None = None) -> None:
+    """One of `trainmem plan --confirm`'s real runs (a `Plan.confirmed` entry): measured against predicted."""
+    console = console or plan_console()
+    measured, predicted = entry["measured_step_s"], entry["predicted_step_s"]
+    err = f"{entry['error']:+.0%}" if entry["error"] is not None else "-"
+    console.print(f"confirmed {describe(setup)} on the {entry['card']}: {entry['status']}, measured "
+                  f"{(measured or 0) * 1000:.0f} ms/step, predicted {(predicted or 0) * 1000:.0f} ms ({err})",
+                  highlight=False)
