@@ -57,7 +57,7 @@ def main(out_dir: str, indices: list[str]) -> int:
     import torch
 
     import trainmem
-    from trainmem.measure.engines import execute
+    from trainmem.isolation.engines import execute
 
     os.makedirs(out_dir, exist_ok=True)
     traces = []

@@ -521,7 +521,7 @@ def measure(out_dir: str) -> int:
     import torch
 
     import trainmem
-    from trainmem.measure.engines import execute
+    from trainmem.isolation.engines import execute
 
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "validation.jsonl")

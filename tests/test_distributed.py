@@ -9,7 +9,7 @@ import torch
 
 from trainmem import ModelSpec, SetupError, TrainSetup
 from trainmem.estimator.memory.sharding import rank_states
-from trainmem.measure.engines import execute
+from trainmem.isolation.engines import execute
 
 SPEC = ModelSpec.resolve("tiny-gpt-neox")
 BASE = dict(batch_size=2, seq_len=32, steps=2, num_samples=8, device="cpu", precision="fp32")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from trainmem import ModelSpec, TrainSetup
 from trainmem.hardware.cuda import workspace_bytes, workspace_config
 from trainmem.hardware.gpus import find_gpu
+from trainmem.isolation.engines import execute
 from trainmem.measure.emulation import prepare
-from trainmem.measure.engines import execute
 
 
 def test_workspace_config_is_pytorchs_default_for_the_card():

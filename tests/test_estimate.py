@@ -11,7 +11,7 @@ import pytest
 from trainmem import ModelSpec, SetupError, TrainSetup, estimate
 from trainmem.estimator.memory import analytic, quantized, states
 from trainmem.hardware.gpus import CATALOG
-from trainmem.measure.engines import execute
+from trainmem.isolation.engines import execute
 
 TINY = dict(batch_size=2, seq_len=32, steps=2, num_samples=8, device="cpu")
 

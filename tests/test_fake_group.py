@@ -12,7 +12,7 @@ import torch.distributed as dist
 from trainmem import ModelSpec, SetupError, TrainSetup
 from trainmem.estimator.memory.sharding import rank_states
 from trainmem.fsdp import precision_policy
-from trainmem.measure.engines import execute
+from trainmem.isolation.engines import execute
 
 SPEC = ModelSpec.resolve("tiny-gpt-neox")
 BASE = dict(batch_size=2, seq_len=32, steps=2, num_samples=8, device="cpu", precision="fp32", shard="fsdp")

@@ -10,9 +10,9 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from trainmem import ModelSpec, SetupError, TrainSetup
 from trainmem.integrations import MemoryCallback
 from trainmem.integrations.trainer import _Samples
+from trainmem.isolation.engines import execute
 from trainmem.measure.build import build_model
 from trainmem.measure.data import collate, dummy_dataset
-from trainmem.measure.engines import execute
 from trainmem.measure.ledger import state_bytes
 from trainmem.result import MEMORY_KEYS, SCHEMA
 

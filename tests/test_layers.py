@@ -1,4 +1,5 @@
-"""The layers hold: no import circle, nothing below the CLI imports it, thin subcommands, light commands."""
+"""The layers hold: no import circle, each layer imports only those below it, CUDA behaviour decided once, thin
+subcommands, light commands."""
 
 from __future__ import annotations
 
@@ -81,22 +82,97 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_import_graph_has_no_circle():
     graph = import_graph()
-    assert {"trainmem.measure.stages", "trainmem.measure.engines", "trainmem.measure.runner", "trainmem.cli.sweep"} <= set(graph)
+    assert {"trainmem.measure.stages", "trainmem.isolation.engines", "trainmem.isolation.runner", "trainmem.cli.sweep"} <= set(graph)
     assert cycles(graph) == []
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check checks
 
 
-def test_nothing_below_the_cli_imports_it():
-    upward = {m: sorted(d for d in deps if d.startswith("trainmem.cli"))
-              for m, deps in import_graph().items()
-              if not m.startswith("trainmem.cli") and m != "trainmem.__main__"}
-    assert {m: d for m, d in upward.items() if d} == {}
+def unit(module: str) -> str:
+    """The layer a module belongs to: its top package under trainmem (`estimator.memory` and `estimator.time`
+    apart from `estimator` itself), or the top-level module."""
+    parts = module.split(".")[1:] or ["trainmem"]
+    if parts[0] == "estimator" and len(parts) > 1 and parts[1] in ("memory", "time"):
+        return ".".join(parts[:2])
+    return parts[0]
 
 
-def test_the_core_imports_no_engine_above_it():
-    core = import_graph()["trainmem.measure.stages"]
-    assert not core & {"trainmem.measure.runner", "trainmem.measure.engines", "trainmem.measure.gloo", "trainmem.measure.fake_rank",
-                       "trainmem.integrations.trainer", "trainmem.search.sweep", "trainmem.search.maxbatch"}
+ESTIMATOR_MEASURE = {"measure.ledger", "measure.build", "measure.accumulation", "measure.train", "measure.data"}
+"""What the estimator may use of `measure`: the tensor ledger, the builder of model and optimizer, the data and
+the loss rule it shares with real runs; never an engine (stages, ranks, emulation, the isolation above them)."""
+
+BASE = {"errors", "version", "result", "hardware", "config", "fsdp"}
+ALLOWED: dict[str, set[str] | None] = {
+    "errors": set(), "version": set(), "result": set(), "fsdp": set(),
+    "hardware": set(),
+    "config": {"errors", "hardware"},
+    "measure": BASE,
+    "estimator.memory": BASE | ESTIMATOR_MEASURE,
+    "estimator.time": BASE | ESTIMATOR_MEASURE | {"estimator.memory"},
+    "estimator": BASE | {"estimator.memory", "estimator.time"},
+    "integrations": BASE | {"measure", "estimator"},
+    "isolation": BASE | {"measure", "integrations"},
+    "search": BASE | {"measure", "estimator", "isolation"},
+    "output": BASE | {"search"},
+    "experiment": BASE | {"isolation"},
+    "validation": BASE | {"measure", "estimator", "isolation", "search", "output"},
+    "serve": BASE | {"measure", "estimator", "isolation", "search", "output"},
+    "cli": None,  # on top: anything
+    "__main__": {"cli"},
+    "trainmem": BASE | {"measure", "estimator", "isolation", "search", "output", "experiment", "integrations"},
+}
+"""What each layer may import, bottom to top (docs/architecture.md); None: anything. Lazy imports count."""
+
+
+def allowed(importer: str, imported: str) -> bool:
+    """Whether `importer` may import `imported` under ALLOWED (a layer names `measure.x` to allow one module)."""
+    a, b = unit(importer), unit(imported)
+    rule = ALLOWED[a]
+    if a == b or rule is None or b in rule:
+        return True
+    return b == "measure" and ".".join(imported.split(".")[1:3]) in rule
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    graph = import_graph()
+    assert {unit(m) for m in graph} <= set(ALLOWED), "a new package: give it a row in ALLOWED"
+    upward = sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps if not allowed(m, d))
+    assert upward == []
+    assert not allowed("trainmem.estimator.memory.simulate", "trainmem.measure.stages")  # the check checks
+    assert allowed("trainmem.estimator.memory.simulate", "trainmem.measure.build")
+    assert not allowed("trainmem.config.setup", "trainmem.measure.build")
+
+
+def test_the_package_keeps_few_top_level_modules():
+    modules = [p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"]
+    assert len(modules) <= 8, modules
+
+
+def test_every_cuda_behaviour_is_defined_once():
+    """What CUDA does (the SDPA kernel, cuBLAS workspaces, memory outside the allocator) is decided in
+    hardware/cuda.py alone: no other module defines a name it exports, spells PyTorch's workspace configs or
+    picks SDPA backends."""
+    from trainmem.hardware import cuda
+
+    owner = PACKAGE / "hardware" / "cuda.py"
+    names = set(cuda.__all__)
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        if path == owner:
+            continue
+        text = path.read_text()
+        for node in ast.parse(text).body:  # module-level definitions (a method may delegate to cuda)
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                defined = node.name
+            elif isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+                defined = node.targets[0].id
+            else:
+                continue
+            if defined in names:
+                found.append(f"{path.name}: defines {defined}")
+        for spelled in (":4096:8", ":4096:2:16:8", "SDPBackend"):
+            if spelled in text:
+                found.append(f"{path.name}: spells {spelled}")
+    assert found == []
 
 
 def test_every_subcommand_module_is_under_80_lines():

@@ -125,7 +125,7 @@ def test_real_runs_are_judged_by_the_estimates_rule(monkeypatch):
     and runs under `RELAX` times the card's allocator cap for the setup. The run is stubbed (no GPU here)."""
     import torch
 
-    import trainmem.measure.runner
+    import trainmem.isolation.runner
     from trainmem import ModelSpec, TrainSetup
     from trainmem.hardware.gpus import find_gpu
     from trainmem.search.maxbatch import RELAX, _real_runs
@@ -143,7 +143,7 @@ def test_real_runs_are_judged_by_the_estimates_rule(monkeypatch):
         return Row()
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": 141 * GB}))
-    monkeypatch.setattr(trainmem.measure.runner, "run", run)
+    monkeypatch.setattr(trainmem.isolation.runner, "run", run)
     runs, notes = _real_runs(spec, setup, card, 0.02)
     assert runs.measure(4) == 10 * GB + card.overhead("sdpa", "fp16", "none") == 10 * GB + card.context + 16 * 2**20
     assert caps == [int(RELAX * card.allocator_cap("sdpa", "fp16", "none"))] and not notes

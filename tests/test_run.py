@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trainmem import ModelSpec, SetupError, TrainSetup, run
-from trainmem.measure.engines import execute
+from trainmem.isolation.engines import execute
 
 SPEC = ModelSpec.resolve("tiny-gpt-neox")
 

@@ -128,7 +128,7 @@ def test_every_setup_field_has_a_docstring():
 
 
 def test_in_process_this_machines_problems_come_with_the_setups():
-    from trainmem.measure.engines import execute
+    from trainmem.isolation.engines import execute
 
     with pytest.raises(SetupError) as e:
         execute(ModelSpec.resolve("tiny-gpt-neox"), TrainSetup(batch_size=0, peft="qlora", device="cpu"))

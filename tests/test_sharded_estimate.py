@@ -11,7 +11,7 @@ from trainmem import ModelSpec, TrainSetup
 from trainmem.estimator import estimate
 from trainmem.estimator.memory.sharded import simulate_fsdp_rank
 from trainmem.estimator.memory.sharding import rank_states
-from trainmem.measure.engines import execute
+from trainmem.isolation.engines import execute
 
 SPEC = ModelSpec.resolve("tiny-gpt-neox")
 # eager attention: the CPU run and the simulation take the same attention path (simulate would model

@@ -19,7 +19,7 @@ from .errors import SetupError
 from .experiment import gpu_memory_experiment
 from .hardware.gpus import CATALOG as GPUS
 from .hardware.gpus import GPU, find_gpu
-from .measure.runner import run
+from .isolation.runner import run
 from .measure.verify import verify_accumulation
 from .result import Result, read_rows
 from .search.maxbatch import max_batch

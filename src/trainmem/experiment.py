@@ -6,7 +6,7 @@ from typing import Any
 
 from .config.setup import TrainSetup, from_training_arguments
 from .config.specs import ModelSpec
-from .measure.runner import run
+from .isolation.runner import run
 from .result import Result
 
 

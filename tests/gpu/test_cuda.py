@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from trainmem import ModelSpec, TrainSetup
+from trainmem.isolation.engines import execute
 from trainmem.measure.build import has_bitsandbytes
-from trainmem.measure.engines import execute
 
 pytestmark = pytest.mark.gpu
 SPEC = ModelSpec.resolve("tiny-llama")

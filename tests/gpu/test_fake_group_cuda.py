@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from trainmem import ModelSpec, TrainSetup
-from trainmem.measure.engines import execute
+from trainmem.isolation.engines import execute
 
 pytestmark = pytest.mark.gpu
 SPEC = ModelSpec.resolve("tiny-llama")

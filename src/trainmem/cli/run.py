@@ -10,7 +10,7 @@ import sys
 
 from rich.console import Console
 
-from trainmem.measure.runner import run
+from trainmem.isolation.runner import run
 from trainmem.output.render import print_result
 
 from . import options

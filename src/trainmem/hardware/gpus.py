@@ -139,7 +139,7 @@ CATALOG: dict[str, GPU] = {g.name: g for g in [
     _card("L40S", _gib(44.53), (8, 9), 142),
     _card("A100-40GB", _gib(39.39), (8, 0), 108, aliases=("A100 40GB", "A100-SXM4-40GB", "A100-PCIE-40GB")),
     _card("A100-80GB", _gib(79.15), (8, 0), 108, aliases=("A100 80GB", "A100-SXM4-80GB", "A100-PCIE-80GB")),
-    # "NVIDIA H100 80GB HBM3": the name torch.cuda reported for the lent H100 SXM (2026-12-05, held-out 14)
+    # "NVIDIA H100 80GB HBM3": the name torch.cuda reports for the H100 SXM (seen on the one measured here)
     _card("H100-80GB", _gib(79.11), (9, 0), 132, aliases=("H100", "H100 SXM", "H100-SXM5-80GB", "H100 80GB HBM3")),
     # measured on the H200 used for docs/ (2026-12-02/03): total_memory, context, overhead at the peak
     GPU("H200", 150_109_880_320, H200_OVERHEAD, "measured H200 2026-12-02, docs/run-chapter-h200.md", (9, 0), 132,

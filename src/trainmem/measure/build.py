@@ -104,7 +104,7 @@ def init_device(spec: ModelSpec, dtype: torch.dtype, cap: int | None, free: int)
     """Where a QLoRA preset's random 16-bit weights are made before the 4-bit load: the GPU (fast) where
     they fit with a tenth to spare under the cap (`--gpu`, `--memory-cap`) and the free memory, else the
     CPU. A user's checkpoint never takes this detour: llama-3.1-8b (16 GB in bf16) under the A4000's cap
-    ran out of memory here, before its 4-bit load (held-out 11, H200 2026-12-04)."""
+    ran out of memory here, before its 4-bit load (docs/lab)."""
     need = spec.parameter_count * torch.empty((), dtype=dtype).element_size()
     room = min(free, cap) if cap is not None else free
     return "cuda" if need <= 0.9 * room else "cpu"

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from trainmem.config.job import from_job, to_job
 from trainmem.config.setup import TrainSetup
 from trainmem.config.specs import ModelSpec
 from trainmem.errors import SetupError
@@ -32,7 +33,6 @@ from trainmem.fsdp import follow_fsdp_storage, wrap
 from trainmem.result import Result
 
 from .data import load_dataset, micro_batches
-from .job import from_job, to_job
 from .stages import measure
 
 

@@ -167,7 +167,7 @@ def _real_runs(spec: ModelSpec, setup: TrainSetup, card: GPU, margin: float) -> 
     the card's run exactly, and a run over it still reports how far over, which is what `newton` steps by."""
     import torch
 
-    from trainmem.measure.runner import run
+    from trainmem.isolation.runner import run
 
     resolved = setup.resolved(spec)
     precision = resolved.resolved_precision(spec, "cuda")

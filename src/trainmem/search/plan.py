@@ -306,7 +306,7 @@ def run_confirmations(spec: ModelSpec, plan: Plan, running: Callable[[str], Any]
     """Run the winner and the runner-up for real and set their measured step time beside the prediction for
     this machine's card (the plan's card when it is the same, else re-predicted here)."""
     from trainmem.estimator import estimate
-    from trainmem.measure.runner import run
+    from trainmem.isolation.runner import run
 
     status = running or (lambda what: contextlib.nullcontext())
     here = this_card()

@@ -197,7 +197,7 @@ class Sweep:
         a row is made, `made(label, row)` once it is written, `point_done()` after each point."""
         from trainmem.estimator import estimate
         from trainmem.hardware.gpus import find_gpu
-        from trainmem.measure.runner import run
+        from trainmem.isolation.runner import run
 
         Path(self.out).parent.mkdir(parents=True, exist_ok=True)
         done = done_keys(self.out, redo_skipped=self.force) if self.resume else set()

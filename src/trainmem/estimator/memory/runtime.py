@@ -21,9 +21,9 @@ of log-softmax and of its input; 8.26-8.57 measured across GPT-NeoX, Llama and Q
 
 
 VALIDATED_ON = {"torch": "2.11", "transformers": "5.17"}
-"""The releases the kernel model above (and simulate's stand-ins) was measured against: the 118 H200 runs of
-docs/estimate-validation.md (in-sample and held-out sets), 2026-12-03; the memory outside the allocator
-lives with each card (`gpus.GPU.overhead`). Other releases may change kernels, model code and the allocator."""
+"""The releases the kernel model above (and simulate's stand-ins) was measured against (docs/accuracy.md); the
+memory outside the allocator lives with each card (`gpus.GPU.overhead`). Other releases may change kernels,
+model code and the allocator."""
 
 
 def versions() -> dict[str, str]:

@@ -48,8 +48,8 @@ class _FlashSDPA(torch.autograd.Function):
         # attention copies it. Flash allocates it like q (flash_api.cpp `mha_fwd`: empty_like of q in
         # (batch, seq, heads, dim) order), so a q made contiguous in (batch, heads, seq, dim), as GPT-NeoX's
         # rotary `cat` makes it, gets a copy per layer; the memory-efficient kernel always writes (batch,
-        # seq, heads, dim) (attention.cu `_efficient_attention_forward`), so nothing is copied (H200
-        # allocator trace of held-out 4's V100 row, 2026-12-04).
+        # seq, heads, dim) (attention.cu `_efficient_attention_forward`), so nothing is copied (an H200
+        # allocator trace of a V100-emulated run, docs/lab).
         b, h, s = q.shape[:-1]
         if flash and v.shape[-1] == q.shape[-1]:
             out = torch.empty_like(q)
@@ -146,11 +146,11 @@ class CudaKernels:
     - temporaries: the embedding backward's fp32 per-segment partial sums, (n // 10 + min(n, vocabulary))
       rows of the hidden size for n token ids; the fp32 softmax backward over attention probabilities
       (4-D: the math SDPA path, eager attention) allocates one more buffer of its output's size, freed
-      before it returns (H200 trace of mistral-7b QLoRA b4 s2048, 2026-12-03: four 2 GiB buffers live at
+      before it returns (H200 trace of mistral-7b QLoRA b4 s2048, docs/lab: four 2 GiB buffers live at
       the peak where the meta decomposition has three);
     - the math SDPA path's `_safe_softmax` (one operator to a dispatch mode) allocates, after its output, a
       boolean copy of its input's `== -inf` test and the per-row reduction of it, freed before it returns
-      (H200 trace of llama-3.2-3b QLoRA b4 s2496, 2026-12-04: a 570 MiB block per layer beside the 2.2 GiB
+      (H200 trace of llama-3.2-3b QLoRA b4 s2496, docs/lab: a 570 MiB block per layer beside the 2.2 GiB
       probabilities, which the meta run lacked);
     - each cuBLAS handle's workspace (`cuda.cublas_workspace`, `cuda.CUBLAS_HANDLES`), held from the
       handle's first matrix product on: the forward thread's and autograd's backward thread's."""
@@ -179,9 +179,9 @@ class CudaKernels:
 
 STEPS = 3
 """Optimizer steps simulated: the states appear in the first, the second is the first steady one, and the
-third starts from the blocks the second left, as `trainmem run`'s default three steps do. Two were not
-enough: held-out 5's Qwen3 amp-fp16 row on a T4 ran out of memory in its third step (H200, 2026-12-04),
-which a replay of two steps cannot show. The first `train.PROBE_STEPS` run ATen's in-place adds out of place,
+third starts from the blocks the second left, as `trainmem run`'s default three steps do. Two are not
+enough: a Qwen3 amp-fp16 run emulating a T4 ran out of memory in its third step (docs/lab), which a replay
+of two steps cannot show. The first `train.PROBE_STEPS` run ATen's in-place adds out of place,
 as `trainmem run`'s probed steps do; the later ones, which the replay repeats, in place, as a user's run does
 (`inplace`)."""
 

@@ -29,8 +29,7 @@ out (Gemma-2 beyond 4096 tokens, Gemma-3 beyond 512).
 Offload (ZeRO/FSDP) adds its PCIe transfers; communication between GPUs is not modelled.
 
 The constants are fitted to the H200 step times committed in docs/data (`benchmarks/time_validate.py fit`
-on its `FIT_FILES`' rows timed over several steps: since the fourth change, every former held-out set
-included, so the next held-out set judges these constants);
+on its `FIT_FILES`' rows timed over several steps; the fit and its cross-validation: docs/time-model.md);
 every other card's time is derived from its catalog figures (`gpus.SPEEDS`), which the result says.
 """
 
@@ -58,21 +57,18 @@ EFF_ATTENTION_FP32 = 0.4411
 """Achieved fraction of the card's peak plain-fp32 throughput in fp32 attention: the math path's batched
 matmuls, whose inner dimension is the head's 64-128 (the scores) or whose operands are the s x s
 probabilities, and the memory-efficient kernel's fp32 path. It runs in fp32 runs and under QLoRA, whose
-4-bit Linears cast q, k and v back to the fp32 residual stream. Fitted apart from `EFF_FP32` since the fifth
-change: one figure for both left the fp32 rows 5-32% too slow and the long QLoRA rows 14-26% too fast."""
+4-bit Linears cast q, k and v back to the fp32 residual stream. Fitted apart from `EFF_FP32`: one figure for
+both leaves the fp32 rows 5-32% too slow and the long QLoRA rows 14-26% too fast (docs/lab)."""
 EFF_FLASH = 0.6197
 """Achieved fraction of peak of the flash attention kernel, forward and backward together. An effective figure,
 not a kernel's: FlashAttention-2 reaches up to 225 of the A100's 312 dense TFLOPS but about 335 of the
 H100's 989 (Dao 2023, arXiv 2307.08691), and the fit on the H200 rows lands far above the latter, so it
-also absorbs what the model miscounts around attention at long sequences; it moved from 0.37 to 0.61, 0.74,
-0.70 and 0.62 over the last five structures, a sign that the H200 rows determine it weakly (before the seventh
-change it also stood for the memory-efficient kernel, at half its value, and a sliding window's layers were
-timed as flash)."""
+also absorbs what the model miscounts around attention at long sequences; refits of earlier model structures
+put it anywhere between 0.37 and 0.74, so the H200 rows determine it weakly (docs/lab)."""
 EFF_EFFICIENT = 0.5416
 """Achieved fraction of peak of the memory-efficient SDPA kernel (xformers' cutlass kernel) in half precision,
 forward and backward together: what CUDA runs under an explicit mask (a sliding window's: Gemma-2 beyond 4096
-tokens, Gemma-3 beyond 512, Mistral from 4096) or where a card has no flash. Fitted apart from `EFF_FLASH`
-since the seventh change; before, it was half of it (the FlashAttention-2 paper's comparison with xformers).
+tokens, Gemma-3 beyond 512, Mistral from 4096) or where a card has no flash. Fitted apart from `EFF_FLASH`.
 In fp32 both fused kernels run at `EFF_ATTENTION_FP32`'s share of it."""
 EFF_BANDWIDTH = 0.7089
 """Achieved fraction of the card's peak memory bandwidth in elementwise and optimizer kernels."""

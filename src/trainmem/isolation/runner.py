@@ -1,9 +1,9 @@
 """One experiment, isolated: a fresh Python process per experiment; a crash or a hang becomes a result.
 
-`run()` starts `python -m trainmem.measure.worker` for each experiment by default, so no memory from an earlier
+`run()` starts `python -m trainmem.isolation.worker` for each experiment by default, so no memory from an earlier
 experiment leaks into the next one (the seed's QLoRA run started with 0.945 GB left over from a previous
 cell) and a crash cannot take the caller down. The worker runs `engines.execute_validated`; with
-`isolate=False`, `engines.execute` runs here instead (`trainmem.measure.runner.execute` is that function). This
+`isolate=False`, `engines.execute` runs here instead (`trainmem.isolation.runner.execute` is that function). This
 module imports no torch: the parent of an isolated run stays light and holds no CUDA context of its own
 next to the one it measures.
 """
@@ -16,13 +16,13 @@ import subprocess
 import sys
 import tempfile
 
+from trainmem.config.job import to_job
 from trainmem.config.setup import TrainSetup
 from trainmem.config.specs import ModelSpec
 from trainmem.errors import SetupError
 from trainmem.result import Result
 
 from .engines import execute
-from .job import to_job
 
 
 def run(spec: ModelSpec | str, setup: TrainSetup | None = None, isolate: bool = True,
@@ -46,7 +46,7 @@ def run(spec: ModelSpec | str, setup: TrainSetup | None = None, isolate: bool = 
         with open(job, "w") as f:
             json.dump(to_job(spec, setup), f)
         try:
-            proc = subprocess.run([sys.executable, "-m", "trainmem.measure.worker", job, out],
+            proc = subprocess.run([sys.executable, "-m", "trainmem.isolation.worker", job, out],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             return _failed(spec, setup, f"the experiment ran past {timeout} s and was stopped")

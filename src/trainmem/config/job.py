@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainmem.config.setup import TrainSetup
-from trainmem.config.specs import ModelSpec
+from .setup import TrainSetup
+from .specs import ModelSpec
 
 
 def to_job(spec: ModelSpec, setup: TrainSetup, **more: Any) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Entry point of the isolated experiment process: `python -m trainmem.measure.worker JOB.json RESULT.json`.
+"""Entry point of the isolated experiment process: `python -m trainmem.isolation.worker JOB.json RESULT.json`.
 
 The job comes from `runner.run`, which validated the setup against the model; the worker checks only
 what depends on the process it runs in (`engines.execute_validated`) and writes one row, whole or none.
@@ -10,10 +10,10 @@ import json
 import os
 import sys
 
+from trainmem.config.job import from_job
 from trainmem.errors import SetupError
 
 from .engines import execute_validated
-from .job import from_job
 
 
 def main(job_path: str, out_path: str) -> int:

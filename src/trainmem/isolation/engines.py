@@ -32,7 +32,7 @@ def execute(spec: ModelSpec, setup: TrainSetup) -> Result:
 def _machine_problems(spec: ModelSpec, setup: TrainSetup) -> list[str]:
     """This machine's problems with a setup that has problems of its own, where they can be told apart
     (a field of the wrong type leaves them to the next try)."""
-    from .build import environment_problems
+    from trainmem.measure.build import environment_problems
 
     try:
         device = setup.resolved_device()
@@ -49,7 +49,7 @@ def execute_validated(spec: ModelSpec, setup: TrainSetup) -> Result:
     """
     import torch
 
-    from .build import environment_problems
+    from trainmem.measure.build import environment_problems
 
     device = setup.resolved_device()
     precision = setup.resolved_precision(spec, device)
@@ -60,11 +60,11 @@ def execute_validated(spec: ModelSpec, setup: TrainSetup) -> Result:
     if setup.shard == "fsdp" and (device == "cuda" or setup.rank is not None):
         # one rank (or each in turn) in this process through the fake process group: always on CUDA,
         # on the CPU when --rank asks for it
-        from .fake_rank import measure_emulated
+        from trainmem.measure.fake_rank import measure_emulated
 
         return measure_emulated(spec, setup, device, precision)
     if setup.gpus > 1 or setup.shard != "none":  # CPU ranks over gloo (environment_problems allows no other)
-        from .gloo import execute_distributed
+        from trainmem.measure.gloo import execute_distributed
 
         return execute_distributed(spec, setup, device, precision)
     if setup.engine == "trainer":
@@ -80,8 +80,8 @@ def execute_validated(spec: ModelSpec, setup: TrainSetup) -> Result:
 
 def _loop(spec: ModelSpec, setup: TrainSetup, device: str, precision: str) -> Result:
     """trainmem's own loop over the whole data set, in this process."""
-    from .data import load_dataset, micro_batches
-    from .stages import measure
+    from trainmem.measure.data import load_dataset, micro_batches
+    from trainmem.measure.stages import measure
 
     samples, pad_id = load_dataset(spec, setup)
     result = measure(spec, setup, device, precision, micro_batches(samples, setup.batch_size, pad_id))
