@@ -30,6 +30,7 @@ from transformers import TrainerCallback
 
 from trainmem.config.setup import TrainSetup
 from trainmem.config.specs import ModelSpec
+from trainmem.measure import stages as core
 from trainmem.measure.ledger import (
     StateBytes,
     gradient_tensors,
@@ -37,7 +38,6 @@ from trainmem.measure.ledger import (
     state_bytes,
     weight_tensors,
 )
-from trainmem.measure.ledger import stages as core
 from trainmem.measure.train import Probe, TrainLog
 from trainmem.result import Result
 
