@@ -257,34 +257,55 @@ def _simulate(spec: ModelSpec, setup: TrainSetup, precision: str, notes: list[st
         ledger, _ = simulate_step(model_builder(spec, setup, precision, card), setup, precision,
                                   workspace=card.cublas_workspace, flash=card.flash)
     memory = dict(ledger.peak_split)  # cuBLAS workspaces included: the simulation allocates them
-    reserved, blocks = _replay(ledger.events or [], steady_start(ledger), setup.cap_bytes(precision), notes)
+    replayed = _replay(ledger.events or [], steady_start(ledger), setup.cap_bytes(precision), notes)
     # torch.cuda.max_memory_allocated counts the allocator's blocks, which hold more than was asked for where
-    # a block is not split (a large-pool remainder of 1 MiB or less stays with it): the replay's peak, where
-    # it ran to the end, with the excess in `other`
-    memory["peak_allocated"] = max(ledger.peak, blocks or 0)
+    # a block is not split (a large-pool remainder of 1 MiB or less stays with it): the replay's peak, with
+    # the excess in `other`
+    memory["peak_allocated"] = max(ledger.peak, replayed.allocated)
     memory["other"] += memory["peak_allocated"] - ledger.peak
     phase = "optimizer step" if ledger.peak_phase.endswith("optimizer") else "forward/backward"
-    return memory, phase, {"simulated_peak": ledger.peak, "cublas_workspace": cuda.CUBLAS_HANDLES * card.cublas_workspace,
-                           "replayed_reserved": reserved}, reserved
+    terms = {"simulated_peak": ledger.peak, "cublas_workspace": cuda.CUBLAS_HANDLES * card.cublas_workspace,
+             "replayed_reserved": replayed.reserved}
+    if replayed.cap_request is not None:
+        terms["cap_exceeded_at_request"] = replayed.cap_request
+    return memory, phase, terms, replayed.reserved
 
 
-def _replay(events: list[tuple[int, int]], steady: int | None, cap: int | None,
-            notes: list[str]) -> tuple[int, int | None]:
-    """Peak reserved bytes of the simulated steps under the caching allocator's policy, under the cap
-    `--gpu`/`--memory-cap` sets (where a full allocator frees its cached segments and retries), the last
-    step (from event `steady`) repeated until the allocator's layout settles, and the peak of its allocated
-    blocks. A step that runs out under the cap reports the cap plus the request that failed, so it does not
-    fit, and no allocated peak."""
+@dataclasses.dataclass(frozen=True)
+class _Replayed:
+    reserved: int
+    """Peak reserved bytes: what the step needs of the allocator."""
+    allocated: int
+    """Peak bytes of allocated blocks."""
+    cap_request: int | None = None
+    """Where the step does not fit the cap: the request the capped allocator could not serve."""
+
+
+def _replay(events: list[tuple[int, int]], steady: int | None, cap: int | None, notes: list[str]) -> _Replayed:
+    """The simulated steps under the caching allocator's policy, under the cap `--gpu`/`--memory-cap` sets
+    (where a full allocator frees its cached segments and retries), the last step (from event `steady`)
+    repeated until the allocator's layout settles.
+
+    A step that runs out under the cap needs more than the card has; how much more is the replay without the
+    cap (no bytes are freed to make room, so it reserves at least what the capped one did). That is a
+    projection: no real allocator of that card ever holds it, so the note says so."""
     a = allocator.CachingAllocator(cap=cap)
     try:
-        if not allocator.replay_steps(events, steady, a):
-            notes.append(f"the allocator replay did not settle in {allocator.SETTLE_STEPS} more steps: later steps "
-                         "may reserve more than estimated")
+        settled = allocator.replay_steps(events, steady, a)
+        replayed = _Replayed(a.peak_reserved, a.peak_allocated)
     except allocator.AllocatorOOM as e:
-        notes.append(f"the allocator replay runs out of memory under the {e.cap / 2**30:.2f} GiB cap "
-                     f"(a {e.requested / 2**20:.0f} MiB request with {e.reserved / 2**30:.2f} GiB reserved)")
-        return e.cap + e.requested, None
-    return a.peak_reserved, a.peak_allocated
+        free = allocator.CachingAllocator()
+        settled = allocator.replay_steps(events, steady, free)
+        reserved = max(free.peak_reserved, e.cap + e.requested)
+        notes.append(f"does not fit the {e.cap / 2**30:.2f} GiB the allocator may hold: a {e.requested / 2**20:.0f} MiB "
+                     f"request fails with {e.reserved / 2**30:.2f} GiB reserved; the step needs "
+                     f"{reserved / 2**30:.2f} GiB reserved, from the same replay without the cap (a projection "
+                     "beyond the card, as exact as the simulation below it)")
+        replayed = _Replayed(reserved, free.peak_allocated, e.requested)
+    if not settled:
+        notes.append(f"the allocator replay did not settle in {allocator.SETTLE_STEPS} more steps: later steps "
+                     "may reserve more than estimated")
+    return replayed
 
 
 __all__ = ["estimate", "Breakdown", "METHODS", "ADVICE"]
