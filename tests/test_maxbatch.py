@@ -15,6 +15,7 @@ from trainmem.search.maxbatch import (
     largest,
     newton,
     power_of_two,
+    settle,
 )
 
 GB = 10**9
@@ -78,6 +79,16 @@ def test_runs_out_of_memory_under_the_relaxed_cap_halve_until_one_measures():
     runs = fake_runs(4, oom_above=6)
     assert newton(runs, 10, ESTIMATED_SLOPE) == 4
     assert runs.tried == [(10, False), (5, False), (4, True)]
+
+
+@pytest.mark.parametrize("answer", [0, 1, 7, 64, 300])
+@pytest.mark.parametrize("start", [0, 1, 6, 7, 8, 64, 70, 290])
+def test_settling_from_a_close_guess_finds_the_answer_and_costs_two_trials_when_right(answer, start):
+    oracle = Oracle(lambda b: b <= answer)
+    assert settle(oracle, start) == answer
+    if start == answer >= 1:
+        assert oracle.trials == 2  # the guess and the batch above it
+    assert oracle.trials <= 2 + 2 * max(abs(start - answer), 1).bit_length()
 
 
 def test_target_batch_uses_the_largest_divisor():

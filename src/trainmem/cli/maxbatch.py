@@ -24,8 +24,8 @@ def register(p: argparse.ArgumentParser) -> None:
     options.add_setup_arguments(p)
     p.add_argument("--target-batch", metavar="N", help="the effective batch to reach with accumulation")
     options.add_margin(p)
-    options.add_estimator(p, "--estimator", "analytic", ": the estimate searched (default analytic: "
-                          "milliseconds a point, so the search is free)")
+    options.add_estimator(p, "--estimator", "auto", ": the estimate searched (default auto: analytic to find "
+                          "the neighbourhood, simulate to settle it, as `trainmem estimate` judges)")
     p.add_argument("--json", action="store_true", help="print the answer as JSON")
 
 

@@ -47,12 +47,23 @@ def training_arguments(s: TrainSetup) -> str:
     args.append(f'optim="{TRAINER_OPTIMS.get(s.optimizer, s.optimizer)}"')
     load = {"fp16": "torch.float16", "bf16": "torch.bfloat16"}.get(s.precision, "torch.float32")
     comment = f"# model loaded with dtype={load}"
+    lora = f"LoraConfig(r={s.lora_r}, lora_alpha={s.lora_alpha}, lora_dropout={s.lora_dropout}{_targets(s)})"
     if s.peft == "lora":
-        comment += f"; peft LoraConfig(r={s.lora_r}, lora_alpha={s.lora_alpha}, lora_dropout={s.lora_dropout})"
+        comment += f"; peft {lora}"
     if s.peft == "qlora":
         comment += ("; BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type='nf4', bnb_4bit_use_double_quant="
-                    f"True), prepare_model_for_kbit_training, LoraConfig(r={s.lora_r}, lora_alpha={s.lora_alpha})")
+                    f"True), prepare_model_for_kbit_training, {lora}")
     return f"TrainingArguments(output_dir=\"out\", {', '.join(args)})  {comment}"
+
+
+def _targets(s: TrainSetup) -> str:
+    """`, target_modules=...` as the run passes it: the setup's targets (trainmem's pick where peft has no
+    default, or the user's); none where peft picks its own default for the model type."""
+    if not s.lora_targets:
+        return ""
+    if s.lora_targets == ["all-linear"]:
+        return ', target_modules="all-linear"'
+    return f", target_modules={s.lora_targets!r}"
 
 
 __all__ = ["describe", "run_command", "training_arguments"]

@@ -253,14 +253,6 @@ class TrainSetup:
                     for p in _card_problems(card, "bf16")]
         if self.peft in ("lora", "qlora") and self.lora_targets and self.lora_targets != ["all-linear"]:
             out += _target_problems(spec, self.lora_targets)
-        if self.peft in ("lora", "qlora") and not self.lora_targets:
-            from peft.utils.constants import (
-                TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as defaults,
-            )
-
-            if spec.model_type not in defaults:
-                out.append(f"--lora-targets: peft has no default LoRA targets for {spec.model_type} models; "
-                           "pass --lora-targets all-linear or the names of the Linear layers to adapt")
         if self.attention in ATTENTIONS[1:] and self.attention not in spec.attentions:
             from transformers import __version__
 
@@ -309,12 +301,49 @@ class TrainSetup:
         return checked
 
     def resolved(self, spec: Any) -> TrainSetup:
-        """This setup with `attention: auto` made the kernel transformers picks for `spec`'s model."""
-        return self.replace(attention=spec.attentions[0]) if self.attention == "auto" else self
+        """This setup with `attention: auto` made the kernel transformers picks for `spec`'s model, and, under
+        LoRA with no `lora_targets` on a model peft has no default for, the targets trainmem picks
+        (`default_lora_targets`), so that the run, the estimate and the row all name them."""
+        out = self.replace(attention=spec.attentions[0]) if self.attention == "auto" else self
+        if out.peft in ("lora", "qlora") and not out.lora_targets:
+            targets = default_lora_targets(spec)
+            out = out.replace(lora_targets=targets) if targets else out
+        return out
 
 
 ADAPTABLE = ("Linear", "Conv1D", "Embedding", "Conv1d", "Conv2d", "Conv3d", "MultiheadAttention")
-"""Module classes peft's LoRA can adapt (transformers' GPT-2 style Conv1D included)."""
+"""Module kinds peft's LoRA can adapt (transformers' GPT-2 style Conv1D included); `ModelSpec.modules` gives
+each module's kind, so that a subclass (Falcon's `FalconLinear`) counts as the class it extends."""
+
+ATTENTION_PARTS = ("attn", "attention")
+"""A module whose qualified name has a part containing one of these is in an attention block."""
+
+
+def default_lora_targets(spec: Any) -> list[str] | None:
+    """LoRA targets for a model peft has no default for (None where it has one, and peft chooses): the
+    Linear layers of its attention blocks, found by module kind and name (`q_proj`/`k_proj`/`v_proj`/`o_proj`,
+    `qkv_proj`, `query_key_value`, `c_attn`, ...), as peft's own defaults adapt attention; `all-linear` where
+    the model has no such layer. The output head is never a target."""
+    from peft.utils.constants import (
+        TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as defaults,
+    )
+
+    if spec.model_type in defaults:
+        return None
+    attention = sorted({name.rsplit(".", 1)[-1] for name, kind in spec.modules.items()
+                        if kind in ("Linear", "Conv1D") and "lora_" not in name
+                        and any(w in part.lower() for part in name.split(".")[:-1] for w in ATTENTION_PARTS)})
+    return attention or ["all-linear"]
+
+
+def lora_targets_note(spec: Any, setup: TrainSetup) -> str | None:
+    """Says which LoRA targets trainmem picked where peft has no default for the model, and how to choose."""
+    if setup.peft == "none" or not setup.lora_targets or setup.lora_targets != default_lora_targets(spec):
+        return None
+    what = ("the Linear layers of its attention blocks" if setup.lora_targets != ["all-linear"]
+            else "every Linear layer but the output head (it has no attention projections)")
+    return (f"LoRA targets: peft has no default for {spec.model_type} models; adapting {what}: "
+            f"{', '.join(setup.lora_targets)} (--lora-targets chooses others)")
 
 
 def _target_problems(spec: Any, targets: list[str]) -> list[str]:
@@ -393,4 +422,4 @@ def from_training_arguments(args: Any, model: Any = None, **overrides: Any) -> T
     return setup.replace(**overrides) if overrides else setup
 
 
-__all__ = ["TrainSetup", "from_training_arguments", "training_arguments_values", "ENGINES", "PEFTS", "PRECISIONS", "OPTIMIZERS", "ATTENTIONS"]
+__all__ = ["TrainSetup", "from_training_arguments", "default_lora_targets", "lora_targets_note", "training_arguments_values", "ENGINES", "PEFTS", "PRECISIONS", "OPTIMIZERS", "ATTENTIONS"]

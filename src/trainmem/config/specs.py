@@ -171,7 +171,7 @@ class ModelSpec:
 
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(self.hf_config())
-        return sum(p.numel() for p in model.parameters()), {n: type(m).__name__ for n, m in model.named_modules()}
+        return sum(p.numel() for p in model.parameters()), {n: _kind(m) for n, m in model.named_modules()}
 
     @property
     def parameter_count(self) -> int:
@@ -180,8 +180,9 @@ class ModelSpec:
 
     @property
     def modules(self) -> dict[str, str]:
-        """Every module's qualified name -> its class name, from a meta-device model: what `--lora-targets`
-        can name, known before anything is built."""
+        """Every module's qualified name -> its kind, from a meta-device model: what `--lora-targets` can name,
+        known before anything is built. The kind is the class peft's LoRA adapts it as where it is one
+        (`Linear` for a subclass such as Falcon's `FalconLinear`), else its own class name."""
         return self._meta[1]
 
     @property
@@ -223,6 +224,19 @@ class ModelSpec:
         """What a row records about the model: name, source, type, path, parameter count."""
         return {"name": self.name, "source": self.source, "model_type": self.model_type,
                 "path": self.path, "parameters": self.parameter_count}
+
+
+def _kind(module: Any) -> str:
+    """The class peft's LoRA would adapt `module` as (its `dispatch_default` tests with isinstance), else the
+    module's own class name."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    for kind in (torch.nn.Linear, Conv1D, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d,
+                 torch.nn.MultiheadAttention):
+        if isinstance(module, kind):
+            return kind.__name__
+    return type(module).__name__
 
 
 def split_revision(model_id: str) -> tuple[str, str | None]:

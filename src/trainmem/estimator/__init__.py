@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from trainmem.config.setup import ESTIMATORS, TrainSetup
+from trainmem.config.setup import ESTIMATORS, TrainSetup, lora_targets_note
 from trainmem.config.specs import ModelSpec
 from trainmem.hardware import cuda
 from trainmem.hardware.gpus import CATALOG, GPU, find_gpu
@@ -37,10 +37,10 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
 
     spec = ModelSpec.resolve(spec) if isinstance(spec, str) else spec
     setup = (setup or TrainSetup()).validate(spec)
+    notes: list[str] = [n for n in [lora_targets_note(spec, setup)] if n]
     if method not in METHODS:
         raise SetupError([f"--method: {method!r} is not one of {', '.join(METHODS)}"])
     precision = setup.resolved_precision(spec, "cuda")
-    notes: list[str] = []
     if "sdpa" not in spec.attentions:  # auto became eager (explicit sdpa is refused by validate)
         from transformers import __version__
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from trainmem.config.setup import TrainSetup
+from trainmem.config.setup import TrainSetup, lora_targets_note
 from trainmem.config.specs import ModelSpec
 from trainmem.errors import SetupError
 from trainmem.hardware.gpus import find_gpu
@@ -208,6 +208,7 @@ def measure(spec: ModelSpec, setup: TrainSetup, device: str, precision: str, bat
     if emulated is not None:
         result.env["emulated"] = emulated
     result.notes.extend(notes(setup, result, log))
+    result.notes.extend(n for n in [lora_targets_note(spec, setup)] if n)
     held.clear()
     return result
 

@@ -134,7 +134,8 @@ def print_max_batch(a: dict[str, Any], target: int | None, console: Console | No
         return
     tried = ", ".join(f"{b} {'fits' if ok else 'does not'}" for b, ok in a["tried"])
     how = (f"confirmed with {a['trials']} real runs ({tried})" if a["confirmed"] else
-           f"from the estimate ({a['estimates']} estimates; no CUDA device here, so no real run)")
+           f"from the estimate ({a['estimates']} analytic estimates, {a.get('simulations', 0)} simulations; no CUDA "
+           "device here, so no real run)")
     console.print(f"Largest micro-batch for {a['model']} on the {a['gpu']}: [bold]{a['batch']}[/bold], {how}.",
                   highlight=False)
     console.print(f"A power-of-two search (1, 2, 4, ...) would take {a['power_of_two_trials']} real runs and find "
@@ -180,8 +181,14 @@ def print_plan(plan: Plan, console: Console | None = None, allow: tuple[str, ...
     console.print(f"{plan.searched} setups estimated, {plan.not_fitting} do not fit; the fastest of each kind, "
                   "fastest first (predicted: docs/time-model.md)", highlight=False)
     if not plan.options:
-        console.print(f"[red]Nothing fits the {plan.gpu}[/red] at effective batch {plan.target_batch}; "
-                      "allow more with --allow peft,optimizer,precision, or pick a bigger card.")
+        if plan.not_fitting < plan.searched:  # some could not be estimated or timed: the notes say why
+            console.print(f"[red]No setup could be ranked on the {plan.gpu}[/red]; {plan.not_fitting} of "
+                          f"{plan.searched} do not fit, and of the rest:", highlight=False)
+        else:
+            console.print(f"[red]Nothing fits the {plan.gpu}[/red] at effective batch {plan.target_batch}; "
+                          "allow more with --allow peft,optimizer,precision, or pick a bigger card.")
+        for note in plan.notes:
+            console.print(f"note: {note}", highlight=False, soft_wrap=True, markup=False)
         return
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     columns = ["#", "micro x accum", "peak", "free", "verdict", "step", "tokens/s", "MFU"] + (["job"] if plan.job_tokens else [])

@@ -137,6 +137,22 @@ def _step(runs: Measured, last: int, lo: int, hi: int, slope: Callable[[int], fl
     return max(lo + 1, (lo + hi) // 2)  # the step overshot what is already known: bisect
 
 
+def settle(fits: Callable[[int], bool], start: int, limit: int = LIMIT) -> int:
+    """The largest batch that fits, searched from a close guess `start` (0: nothing fits there): galloping
+    up from it while batches fit, or down while they do not, then bisection. A right guess costs 2 trials."""
+    start = min(max(start, 1), limit)
+    if fits(start):
+        lo, step = start, 1
+        while lo + step <= limit and fits(lo + step):
+            lo, step = lo + step, step * 2
+        return _bisect(fits, lo, min(lo + step, limit + 1))
+    hi, step = start, 1
+    while hi - step >= 1 and not fits(hi - step):
+        hi, step = hi - step, step * 2
+    lo = max(hi - step, 0)
+    return _bisect(fits, lo, hi)
+
+
 def power_of_two(fits: Callable[[int], bool], limit: int = LIMIT) -> tuple[int, int]:
     """What the usual manual search finds and costs: try 1, 2, 4, ... until one fails.
     Returns (the largest power of two that fits or 0, the number of trials)."""
@@ -218,13 +234,15 @@ def problems(target: int | None, estimator: str, gpu: str | None, grad_accum_giv
 
 
 def max_batch(spec: ModelSpec, setup: TrainSetup, margin: float = 0.02, target: int | None = None,
-              estimator: str = "analytic", searching: Callable[[str], Any] | None = None) -> dict[str, Any]:
+              estimator: str = "auto", searching: Callable[[str], Any] | None = None) -> dict[str, Any]:
     """The largest micro-batch of `setup` that fits `setup.gpu` (this machine's card when None), leaving
     `margin` of its capacity free: searched on the estimate, then, with CUDA, confirmed with real runs.
 
     Args:
         target: an effective batch to reach; the answer then adds the micro-batch and accumulation for it.
-        estimator: the estimate searched (`analytic`: milliseconds a point, so the search is free).
+        estimator: the estimate searched. `auto`: the analytic method (milliseconds a point) finds the
+            neighbourhood, then the simulate method (what `trainmem estimate` says by default) settles the
+            answer from there in a few simulations; `analytic` or `simulate` alone otherwise.
         searching: a context factory given what is being done (the CLI shows a spinner with it).
     Returns:
         The answer as `trainmem max-batch --json` prints it: `batch` (0 when nothing fits), `predicted`,
@@ -249,15 +267,23 @@ def max_batch(spec: ModelSpec, setup: TrainSetup, margin: float = 0.02, target: 
     card = find_gpu(setup.gpu)  # type: ignore[arg-type]
     # accumulation keeps the gradients resident between micro-batches, so search with it when it will be used
     searched = setup.replace(grad_accum=2) if target else setup
-    predicted_by = Oracle(lambda b: estimate(spec, searched.replace(batch_size=b), estimator).fits(card, margin))
+    def fits(method: str) -> Oracle:
+        return Oracle(lambda b: estimate(spec, searched.replace(batch_size=b), method).fits(card, margin))
+
+    predicted_by = fits("analytic" if estimator == "auto" else estimator)
     with status(f"searching the estimate of {spec.name} on {card.name}..."):
         predicted = largest(predicted_by)
+    simulated = fits("simulate") if estimator == "auto" else None
+    if simulated is not None:
+        with status(f"settling batch {predicted} with the simulate method..."):
+            predicted = settle(simulated, predicted)
     real = torch.cuda.is_available() and setup.device != "cpu"
     answer: dict[str, Any] = {"model": spec.name, "gpu": card.name, "margin": margin, "predicted": predicted,
-                              "estimates": predicted_by.trials, "confirmed": real}
+                              "estimates": predicted_by.trials, "simulations": simulated.trials if simulated else 0,
+                              "method": "simulate" if simulated is not None else estimator, "confirmed": real}
     if real:
         runs, notes = _real_runs(spec, searched, card, margin)
-        slope = _slope(lambda b: estimate(spec, searched.replace(batch_size=b), estimator).memory["peak_reserved"])
+        slope = _slope(lambda b: estimate(spec, searched.replace(batch_size=b), "analytic").memory["peak_reserved"])
         with status(f"confirming batch {predicted} with real runs measured against the {card.name}..."):
             found = newton(runs, predicted, slope)
         answer.update(batch=found, trials=runs.trials, tried=runs.tried, budget=runs.budget,
@@ -272,5 +298,5 @@ def max_batch(spec: ModelSpec, setup: TrainSetup, margin: float = 0.02, target: 
     return answer
 
 
-__all__ = ["Oracle", "Measured", "largest", "newton", "power_of_two", "accumulation_for", "max_batch", "problems",
+__all__ = ["Oracle", "Measured", "largest", "settle", "newton", "power_of_two", "accumulation_for", "max_batch", "problems",
            "RunFailed", "LIMIT", "RELAX"]

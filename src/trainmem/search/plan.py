@@ -162,35 +162,42 @@ def search(spec: ModelSpec, base: TrainSetup, card: GPU, target: int, allow: Ite
                           "on H200 runs (docs/time-model.md), and its host time is the H200 machine's")
     fitting: list[tuple[Option, TrainSetup]] = []
     invalid: set[str] = set()
+    failed: dict[str, int] = {}
+    untimed: dict[str, int] = {}
     for setup in grid(base, target, allow, card):
         problems = setup.problems(spec)
         if problems:
             invalid.update(problems)
             continue
         plan.searched += 1
-        b = estimate_fn(setup, "analytic")
-        option = _option(setup, b, card, margin, time_fn, "analytic")
-        if option is None:
+        try:
+            b = estimate_fn(setup, "analytic")
+        except SetupError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a setup the estimate cannot make is said, never a "does not fit"
+            why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            failed[why] = failed.get(why, 0) + 1
+            continue
+        v = b.verdict(card, margin)
+        t = time_fn(setup, b) if v["level"] != "no" else {}
+        if v["level"] == "no":
             plan.not_fitting += 1
+        elif not t.get("step_s"):
+            why = next((n for n in b.notes if n.startswith("no step time")), "no step time")
+            untimed[why] = untimed.get(why, 0) + 1
         else:
+            option = Option(setup, v["level"], v["need"], v["headroom"], t["step_s"], t.get("tokens_per_s", 0.0),
+                            t.get("mfu", 0.0), "analytic")
             fitting.append((option, setup))
     if invalid and not plan.searched:
         raise SetupError(sorted(invalid))
+    plan.notes += [f"not searched: {p}" for p in sorted(invalid)]
+    plan.notes += [f"{n} setups could not be estimated ({why})" for why, n in failed.items()]
+    plan.notes += [f"{n} setups fit but are not ranked: {why}" for why, n in untimed.items()]
     # near-ties (equal to 3 significant digits) go to the setup that changes less of what the user gave
     fitting.sort(key=lambda o: (float(f"{o[0].step_s:.3g}"), _changes(o[1], base), o[0].level != "fits", o[0].need))
     plan.options = _confirm(fitting, card, margin, finalists, estimate_fn, plan, every, parallel)
     return plan
-
-
-def _option(setup: TrainSetup, b: Breakdown, card: GPU, margin: float, time_fn: TimeFn, method: str) -> Option | None:
-    v = b.verdict(card, margin)
-    if v["level"] == "no":
-        return None
-    t = time_fn(setup, b)
-    if not t.get("step_s"):
-        return None
-    return Option(setup, v["level"], v["need"], v["headroom"], t["step_s"], t.get("tokens_per_s", 0.0),
-                  t.get("mfu", 0.0), method)
 
 
 def family(s: TrainSetup) -> tuple:
