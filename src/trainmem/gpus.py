@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 MiB, GiB = 1024**2, 1024**3
 
-# --- runtime figures measured on the H200 (docs/run-overhead-h200.md, docs/estimate-validation.md,
+# --- runtime figures measured on the H200 (docs/lab/run-overhead-h200.md, docs/lab/estimate-validation.md,
 # torch 2.11 + CUDA 13, lazy module loading on): "measured H200 2026-12-03"
 H200_CONTEXT_AT_START = 552_402_944
 """527 MiB: NVML device memory minus reserved right after the CUDA context is created."""
@@ -189,9 +189,9 @@ CATALOG: dict[str, GPU] = {g.name: g for g in [
     # "NVIDIA H100 80GB HBM3": the name torch.cuda reported for the lent H100 SXM (2026-12-05, held-out 14)
     _card("H100-80GB", _gib(79.11), (9, 0), 132, aliases=("H100", "H100 SXM", "H100-SXM5-80GB", "H100 80GB HBM3")),
     # measured on the H200 used for docs/ (2026-12-02/03): total_memory, context, overhead at the peak
-    GPU("H200", 150_109_880_320, H200_OVERHEAD, "measured H200 2026-12-02, docs/run-chapter-h200.md", (9, 0), 132,
+    GPU("H200", 150_109_880_320, H200_OVERHEAD, "measured H200 2026-12-02, docs/lab/run-chapter-h200.md", (9, 0), 132,
         ("H200 141GB",), context_source="measured H200 2026-12-03: 527 MiB context at start + 224 MiB kernels "
-        "loaded during the first step (docs/estimate-validation.md)", measured=True),
+        "loaded during the first step (docs/lab/estimate-validation.md)", measured=True),
 ]}
 
 AMBIGUOUS = {"a100": ("A100-40GB", "A100-80GB"), "v100": ("V100-16GB", "V100-32GB")}

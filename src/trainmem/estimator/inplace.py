@@ -12,7 +12,7 @@ steps `trainmem run` probes; a user's run has none. Two such shortcuts move memo
 - **The attention mask in the math SDPA path** (aten/src/ATen/native/transformers/attention.cpp): added to the
   scores in place, `attn.add_(mask)`, instead of into a new scores-sized buffer.
 
-In H200 allocator traces (held-out 12, docs/estimate-validation.md) a run's unprobed steps reserved one more
+In H200 allocator traces (held-out 12, docs/lab/estimate-validation.md) a run's unprobed steps reserved one more
 logits-sized segment than its probed ones. On the CPU, a training step under a plain dispatch mode allocates
 the extra buffers of both, and with `InPlace` applied allocates what the step without a mode allocates
 (tests/test_inplace.py compares the two with the profiler).

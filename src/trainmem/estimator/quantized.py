@@ -3,7 +3,7 @@ AdamW with no bitsandbytes and no GPU. Each allocates what the CUDA code allocat
 computes nothing (read from bitsandbytes 0.50 `nn.Linear4bit`, `functional.quantize_4bit` /
 `dequantize_4bit`, `autograd.MatMul4Bit`, `optim.Optimizer2State`, and peft 0.21
 `prepare_model_for_kbit_training` / `tuners.lora.bnb.Linear4bit`; checked against H200 runs in
-docs/estimate-validation.md).
+docs/lab/estimate-validation.md).
 
 The QLoRA build replays what `trainmem run` does on the GPU (`build.build_model`): every weight of the
 checkpoint is loaded in its dtype into the one segment transformers' warm-up allocation left cached, each
@@ -121,7 +121,7 @@ def warmup_bytes(model: torch.nn.Module, names: set[str], device_total: int | No
     and their own element size otherwise, capped at the device's total less 1.2 GiB. One allocation, freed
     at once, so the load then carves every weight out of that one cached segment; the holes the load's
     16-bit copies and peft's fp32 casts leave there are what a later large request cannot use (held-out 6's
-    two QLoRA misses, docs/estimate-validation.md)."""
+    two QLoRA misses, docs/lab/estimate-validation.md)."""
     tied = set(getattr(model, "all_tied_weights_keys", None) or ())
     total = 0.0
     for key, t in model.state_dict(keep_vars=True).items():
