@@ -11,6 +11,7 @@ docs/data/ and docs/report-*/, and changes with the estimator.
   what the docs say, so a changed estimator must come with regenerated docs;
 - docs/data/errors-*.md: the error table of each validation file (benchmarks/compare_estimates.py) at the
   current estimator, which docs/accuracy.md summarises (`benchmarks/docs_tables.py`);
+- the generated blocks of docs/accuracy.md and README.md (`benchmarks/docs_tables.py`), after the tables;
 - docs/report-sweep-t4/ and docs/report-chapter/: `trainmem report` pages over the measured rows, with
   their estimate rows recomputed now (the measurements are kept as measured).
 """
@@ -105,6 +106,9 @@ def main(parts: list[str]) -> int:
     if "tables" in parts:  # every estimate of every row by both methods: a quarter of an hour on 2 cores
         for file, kind in VALIDATION.items():
             compare(os.path.join(LAB, file), os.path.join(DOCS, "data", f"errors-{kind.replace(' ', '-')}.md"))
+        import docs_tables  # the figures docs/accuracy.md and the README quote from these tables
+
+        docs_tables.main([])
     if "documented" in parts:
         out = [row for file in VALIDATION for row in documented(file)]
         with open(os.path.join(DOCS, "data", "documented-estimates.jsonl"), "w") as f:
