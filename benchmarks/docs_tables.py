@@ -34,9 +34,9 @@ ROOT = os.path.join(HERE, "..")
 DATA = os.path.join(ROOT, "docs", "data")
 LAB = os.path.join(ROOT, "docs", "lab")
 
-TIMING_MODULE = "trainmem.estimator.timing"
+TIMING_MODULE = "trainmem.estimator.time.step"
 """The step-time model (its constants and their docstrings)."""
-CARDS_MODULE = "trainmem.gpus"
+CARDS_MODULE = "trainmem.hardware.gpus"
 """The card catalog (`CATALOG`) and the cards' speed figures (`SPEEDS`)."""
 
 GiB, MiB = 1024**3, 1024**2
