@@ -1,7 +1,7 @@
 """Naive vs token-weighted accumulation error as the spread of sequence lengths grows.
 
     pip install matplotlib==3.11.2   # for this plot only; not a trainmem dependency
-    python benchmarks/accumulation_plot.py [--out docs/accumulation-error.png --draws 20]
+    python benchmarks/accumulation_plot.py [--out docs/lab/accumulation-error.png --draws 20]
 
 tiny-llama in float64 on the CPU, a full batch of 8 padded samples accumulated as 2 micro-batches of 4.
 Sample lengths are drawn uniformly from [round(64 * (1 - spread)), 64]; at spread 0 every micro-batch
@@ -35,7 +35,7 @@ def padded_samples(spread: float, vocab: int, seed: int) -> list[Sample]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="docs/accumulation-error.png")
+    ap.add_argument("--out", default="docs/lab/accumulation-error.png")
     ap.add_argument("--draws", type=int, default=20)
     args = ap.parse_args()
 

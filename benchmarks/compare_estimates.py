@@ -1,7 +1,7 @@
-"""Every estimate against its measurement: the table in docs/estimate-validation.md.
+"""Every estimate against its measurement: the error tables docs/accuracy.md summarises.
 
-    python benchmarks/compare_estimates.py docs/data/validation-isolated-h200-2026-12-03.jsonl
-    python benchmarks/compare_estimates.py docs/data/validation-held-out-h200-2026-12-03.jsonl
+    python benchmarks/compare_estimates.py docs/lab/data/validation-isolated-h200-2026-12-03.jsonl
+    python benchmarks/compare_estimates.py docs/lab/data/validation-held-out-h200-2026-12-03.jsonl
 
 For each measured row: trainmem's analytic and simulate methods (simulate where it models the setup) and
 the default (`auto`), accelerate's "training with Adam" figure (4 x the model size in the load dtype) and
@@ -128,7 +128,8 @@ def compare(path: str, out: str | None = None, keep: list | None = None) -> int:
 
 
 def emit(lines: list[str], out: str | None) -> int:
-    """Print the table, and with `out` write it there too (docs/data/errors-*.md)."""
+    """Print the table, and with `out` write it there too (docs/data/errors-*.md at the current estimator;
+    a held-out set's table at the commit it was reported at goes to docs/lab/data/errors-*-at-COMMIT.md)."""
     text = "\n".join(lines)
     print(text)
     if out:

@@ -1,6 +1,6 @@
-"""Sharded estimates against one emulated FSDP2 rank measured on one GPU (docs/sharding.md, issue 17).
+"""Sharded estimates against one emulated FSDP2 rank measured on one GPU (docs/lab/sharding.md, issue 17).
 
-    python benchmarks/compare_sharded.py docs/data/validation-sharded-h200-2026-12-03.jsonl [--out FILE.md]
+    python benchmarks/compare_sharded.py docs/lab/data/validation-sharded-h200-2026-12-03.jsonl [--out FILE.md]
 
 For each measured rank (benchmarks/validate.py sharded): the analytic closed form and the simulated FSDP2
 step (rank 0 under the fake process group, estimator/sharded.py) against the rank's

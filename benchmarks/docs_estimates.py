@@ -2,12 +2,16 @@
 
     python benchmarks/docs_estimates.py [documented] [reports] [tables]    # all three by default
 
+The measurements themselves are in docs/lab/data/ (dated, never rewritten); what this script writes is in
+docs/data/ and docs/report-*/, and changes with the estimator.
+
 - docs/data/documented-estimates.jsonl: for each measured row of the validation files below, the
   analytic and simulate `peak_allocated` / `peak_reserved` in bytes; tests/test_documented.py recomputes
   them (analytic for every row, simulate for a fixed subset) and fails when the estimator drifts from
   what the docs say, so a changed estimator must come with regenerated docs;
-- docs/data/errors-*.md: the error table of each validation file (benchmarks/compare_estimates.py), which
-  docs/estimate-validation.md quotes;
+- docs/data/errors-*.md: the error table of each validation file (benchmarks/compare_estimates.py) at the
+  current estimator, which docs/accuracy.md summarises (`benchmarks/docs_tables.py`);
+- the generated blocks of docs/accuracy.md and README.md (`benchmarks/docs_tables.py`), after the tables;
 - docs/report-sweep-t4/ and docs/report-chapter/: `trainmem report` pages over the measured rows, with
   their estimate rows recomputed now (the measurements are kept as measured).
 """
@@ -34,7 +38,9 @@ from compare_estimates import measured_program  # noqa: E402
 VERSIONS = {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__}
 HERE = os.path.dirname(os.path.abspath(__file__))
 DOCS = os.path.join(HERE, "..", "docs")
-VALIDATION = {  # file -> which set it is (docs/estimate-validation.md, "Held-out protocol")
+LAB = os.path.join(DOCS, "lab", "data")
+"""The dated measurement files (and the held-out tables at the commit each set was reported at)."""
+VALIDATION = {  # file -> which set it is (docs/accuracy.md)
     "validation-isolated-h200-2026-12-03.jsonl": "in-sample",
     "validation-held-out-h200-2026-12-03.jsonl": "held-out 1",
     "validation-held-out-2-h200-2026-12-03.jsonl": "held-out 2",
@@ -63,7 +69,7 @@ def documented(file: str) -> list[dict]:
     """The figures docs/ shows for each validation row, for tests/test_documented.py: analytic for every
     row (milliseconds), simulate for SIMULATED's rows."""
     out = []
-    for i, r in enumerate(read_rows(os.path.join(DOCS, "data", file))):
+    for i, r in enumerate(read_rows(os.path.join(LAB, file))):
         setup = measured_program(trainmem.TrainSetup.from_dict(r["setup"]), r.get("env"))
         row = {"file": file, "row": i, "model": r["model"]["name"], "setup": setup.to_dict(), "versions": VERSIONS}
         methods = ["analytic"] + (["simulate"] if r["model"]["name"] in SIMULATED and setup.seq_len <= 1024 else [])
@@ -76,7 +82,7 @@ def documented(file: str) -> list[dict]:
 
 def report(name: str, source: str, gpu: str) -> None:
     """The report page over `source`'s measured rows, each followed by its estimate made now."""
-    rows = read_rows(os.path.join(DOCS, "data", source))
+    rows = read_rows(os.path.join(LAB, source))
     fresh = []
     for r in rows:
         if r["kind"] != "measurement":
@@ -99,7 +105,10 @@ def main(parts: list[str]) -> int:
 
     if "tables" in parts:  # every estimate of every row by both methods: a quarter of an hour on 2 cores
         for file, kind in VALIDATION.items():
-            compare(os.path.join(DOCS, "data", file), os.path.join(DOCS, "data", f"errors-{kind.replace(' ', '-')}.md"))
+            compare(os.path.join(LAB, file), os.path.join(DOCS, "data", f"errors-{kind.replace(' ', '-')}.md"))
+        import docs_tables  # the figures docs/accuracy.md and the README quote from these tables
+
+        docs_tables.main([])
     if "documented" in parts:
         out = [row for file in VALIDATION for row in documented(file)]
         with open(os.path.join(DOCS, "data", "documented-estimates.jsonl"), "w") as f:

@@ -1,5 +1,5 @@
 """The analytic FSDP closed form next to the simulated FSDP2 rank (fake process group, fake CPU tensors),
-per GPU, for docs/sharding.md. Usage: PYTHONPATH=src python benchmarks/fsdp_analytic_vs_simulate.py"""
+per GPU, for docs/lab/sharding.md. Usage: PYTHONPATH=src python benchmarks/fsdp_analytic_vs_simulate.py"""
 
 from __future__ import annotations
 

@@ -60,5 +60,5 @@ def main(paths: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:] or tv.FIT_FILES + [os.path.join(tv.HERE, "..", "docs", "data",
+    sys.exit(main(sys.argv[1:] or tv.FIT_FILES + [os.path.join(tv.HERE, "..", "docs", "lab", "data",
                                                                 "validation-held-out-13-h200-2026-12-05.jsonl")]))

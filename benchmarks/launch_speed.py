@@ -3,7 +3,7 @@
     python benchmarks/launch_speed.py OUT_DIR     # on the GPU: OUT_DIR/launch-speed.json
 
 The step-time model charges `timing.HOST_PER_KERNEL` per counted launch, a constant fitted on H200 sessions whose
-hosts launched at 21-55 us per launch (docs/time-model.md, "Host speed"). If a micro-benchmark that takes
+hosts launched at 21-55 us per launch (docs/lab/time-model.md, "Host speed"). If a micro-benchmark that takes
 seconds tracks a host-bound training step's speed from session to session, the model could take the host's
 speed as an input instead. This records the micro-benchmark next to each session's yardstick row (qwen2.5-0.5b
 bf16 b1 x 256) so that the relation can be judged once several sessions have both; one session says nothing.

@@ -2,7 +2,7 @@
 set to measure.
 
     python benchmarks/time_validate.py compare JSONL ...          # anywhere: predicted vs measured per row
-    python benchmarks/time_validate.py compare docs/data/*.jsonl  # the in-sample table of docs/time-model.md
+    python benchmarks/time_validate.py compare docs/lab/data/*.jsonl  # the table of docs/data/time-in-sample.md
     python benchmarks/time_validate.py fit                        # anywhere: refit timing.FITTED on FIT_FILES
     python benchmarks/time_validate.py cv                         # anywhere: leave-one-file/model-out CV
     python benchmarks/time_validate.py noise                      # anywhere: setups measured more than once
@@ -35,43 +35,43 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(__file__))
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FIT_FILES = [os.path.join(HERE, "..", "docs", "data", f) for f in (
+FIT_FILES = [os.path.join(HERE, "..", "docs", "lab", "data", f) for f in (
     "chapter-h200-2026-12-02.jsonl", "chapter-measured-and-estimated-2026-12-02.jsonl",
     "sweep-chapter-t4-h200-2026-12-02.jsonl", "trainer-vs-loop-h200-2026-12-02.jsonl",
     "validation-h200-2026-12-02.jsonl", "validation-isolated-h200-2026-12-03.jsonl",
     "validation-held-out-h200-2026-12-03.jsonl", "validation-held-out-2-h200-2026-12-03.jsonl",
     "validation-held-out-3-h200-2026-12-03.jsonl",
     "validation-held-out-4-h200-2026-12-03.jsonl", "time-held-out-h200-2026-12-04.jsonl",
-    # reported at f706eda's model before any change (docs/time-model.md, held-out 3): in-sample from here on
+    # reported at f706eda's model before any change (docs/lab/time-model.md, held-out 3): in-sample from here on
     "validation-held-out-5-h200-2026-12-04.jsonl", "validation-held-out-6-h200-2026-12-04.jsonl",
-    # reported at f706eda's constants before any change (docs/time-model.md, held-out 4 and 5): in-sample from here on
+    # reported at f706eda's constants before any change (docs/lab/time-model.md, held-out 4 and 5): in-sample from here on
     "validation-held-out-7-h200-2026-12-04.jsonl", "validation-held-out-8-h200-2026-12-04.jsonl",
-    # reported at the third refit's constants before any change (docs/time-model.md, held-out 6 and 7), and
-    # the chapter's emulated-T4 sweeps (docs/cards.md): in-sample from the fourth change on
+    # reported at the third refit's constants before any change (docs/lab/time-model.md, held-out 6 and 7), and
+    # the chapter's emulated-T4 sweeps (docs/lab/cards-2026-12-05.md): in-sample from the fourth change on
     "validation-held-out-9-h200-2026-12-04.jsonl", "validation-held-out-10-h200-2026-12-04.jsonl",
     "sweep-chapter-t4-emulated-h200-2026-12-03.jsonl", "sweep-chapter-t4-emulated-h200-2026-12-04.jsonl",
-    # reported at the fourth and fifth changes' constants before any change (docs/time-model.md, held-out 9):
+    # reported at the fourth and fifth changes' constants before any change (docs/lab/time-model.md, held-out 9):
     # in-sample from the sixth change on
     "validation-held-out-11-h200-2026-12-04.jsonl", "validation-held-out-11-rows-14-29-h200-2026-12-05.jsonl",
-    # reported at the sixth change's constants before any change (docs/time-model.md, held-out 10): in-sample
+    # reported at the sixth change's constants before any change (docs/lab/time-model.md, held-out 10): in-sample
     # from the seventh change on
     "validation-held-out-12-h200-2026-12-05.jsonl")]
 """The calibration data: the H200 measurement files committed before the time model existed (every one of
 their rows with a step time, see `rows`), and since the 2026-12-04 change the step-time model's two former
 held-out sets: `validation-held-out-4-h200-2026-12-03.jsonl` (memory's held-out 4, measured 2026-12-03, the
 time model's first held-out check) and `time-held-out-h200-2026-12-04.jsonl` (`TIME_SET`, measured
-2026-12-04); both were reported at the model before that change (docs/time-model.md) and are in-sample
+2026-12-04); both were reported at the model before that change (docs/lab/time-model.md) and are in-sample
 now: the next held-out set judges the change. Memory's held-out 5 and 6
 (`validation-held-out-5-h200-2026-12-04.jsonl`, `validation-held-out-6-h200-2026-12-04.jsonl`, measured
-2026-12-04) were reported at f706eda's time model (held-out 3 in docs/time-model.md) and joined the fit
+2026-12-04) were reported at f706eda's time model (held-out 3 in docs/lab/time-model.md) and joined the fit
 after that, with the second change. Memory's held-out 7 and 8 (`validation-held-out-7-h200-2026-12-04.jsonl`,
 `validation-held-out-8-h200-2026-12-04.jsonl`, measured 2026-12-04) were reported at f706eda's constants (held-out
-4 and 5 in docs/time-model.md) and joined the fit after that, with the third refit; held-out 9 and 10 (held-out 6
+4 and 5 in docs/lab/time-model.md) and joined the fit after that, with the third refit; held-out 9 and 10 (held-out 6
 and 7 there) with the fourth change, with the chapter's two emulated-T4 sweeps. Named, not globbed, so that a
 new held-out file stays held out when it is committed next to them. Since the fourth change only their rows
 timed over several steps (`step_time_median_s`) are fitted (`timed`). Memory's held-out 11 (both files: rows 0-15
 measured 2026-12-04, rows 14-29 on 2026-12-05) was reported at the fourth and fifth changes' constants (held-out
-9 in docs/time-model.md) and joined the fit with the sixth change; held-out 12 (measured 2026-12-05, held-out 10
+9 in docs/lab/time-model.md) and joined the fit with the sixth change; held-out 12 (measured 2026-12-05, held-out 10
 there) with the seventh."""
 
 STEPS = 8

@@ -7,7 +7,7 @@ Python dispatch mode), the rest run as a user's would, without it. The real allo
 through `trainmem.estimator.memory.allocator` (which reproduces the measured `peak_reserved` from it) and cut into
 windows at every PER_STEP-th request of MIB MiB in the trace of row INDEX (`w3`): a tensor allocated a fixed
 number of times per step, such as the logits. Each window's peaks are printed: where they differ after the probed
-steps, the run without the ledger allocates differently (held-out 12, docs/estimate-validation.md).
+steps, the run without the ledger allocates differently (held-out 12, docs/lab/estimate-validation.md).
 """
 
 from __future__ import annotations

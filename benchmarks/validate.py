@@ -17,7 +17,7 @@
     python benchmarks/validate.py held-out-13 OUT_DIR [INDEX ...] # HELD_OUT_13: 12 setups, the time model's seventh change
     python benchmarks/validate.py held-out-14 OUT_DIR [INDEX ...] # HELD_OUT_14: 15 setups, memory's change 12
     python benchmarks/validate.py sharded OUT_DIR [INDEX ...]     # SHARDED: FSDP2 ranks through the fake group
-    python benchmarks/validate.py compare JSONL       # anywhere: the error table (docs/estimate-validation.md)
+    python benchmarks/validate.py compare JSONL       # anywhere: the error table (docs/lab/estimate-validation.md)
 
 Three architectures (GPT-NeoX, Llama, Qwen2), full/LoRA/QLoRA, fp32/fp16/bf16/amp, checkpointing on
 and off, batch 1 to 32, sequence 256 and 512. The measurements run one after another in one process
@@ -138,7 +138,7 @@ HELD_OUT_2: list[tuple[str, dict]] = [
     ("llama8b", dict(precision="bf16", batch_size=1, seq_len=2048, peft="qlora")),
     ("mistral", dict(precision="bf16", batch_size=2, seq_len=1024, peft="lora", checkpointing=True)),
 ]
-"""The second held-out set (docs/estimate-validation.md, "Held-out protocol"): chosen and measured after
+"""The second held-out set (docs/lab/estimate-validation.md, "Held-out protocol"): chosen and measured after
 the estimator that simulates autocast was committed, before any change made from its errors."""
 
 HELD_OUT_3: list[tuple[str, dict]] = [
@@ -490,7 +490,7 @@ the step-time model's seventh change, chosen at b2a5eba before any ran: fp32 row
 path, tied embeddings, checkpointed recompute), autocast with Gemma-3's vocabulary, autocast LoRA on small
 models (the time model's worst rows), two near-capacity verdicts (T4, L4), and the same host-bound row first and
 last: its step time measures how fast this session's host launches kernels, which differed by up to 19% between
-sessions for one setup on the same software (docs/time-model.md, "Host speed")."""
+sessions for one setup on the same software (docs/lab/time-model.md, "Host speed")."""
 
 SHARDED: list[tuple[str, dict]] = [
     ("llama", dict(precision="amp-bf16", batch_size=2, seq_len=1024, gpus=2)),

@@ -21,6 +21,8 @@ from trainmem.estimator.memory.allocator import (
 
 MiB = 2**20
 TRACE = Path(__file__).parent / "data" / "allocator-trace-polyglot-b4-h200.json.gz"
+LAB = Path(__file__).parent.parent / "docs" / "lab" / "data"
+"""The dated measurement files, allocator traces among them."""
 
 
 def test_rounding_and_segment_sizes():
@@ -108,7 +110,7 @@ def test_capped_h200_traces_replay_to_the_byte_and_run_out_where_the_real_runs_d
     the real alloc/free order, with `empty_cache` where the driver got segments back, under the row's cap,
     reaches the measured max_memory_reserved to the byte, and the request that ran out of memory on the
     H200 runs out in the replay too (the cap's release-and-retry included)."""
-    path = Path(__file__).parent.parent / "docs" / "data" / "trace-held-out-7-8-misses-h200-2026-12-04.json.gz"
+    path = LAB / "trace-held-out-7-8-misses-h200-2026-12-04.json.gz"
     names = {"llama3b": "llama-3.2-3b", "phi3": "phi-3-mini", "mistral": "mistral-7b"}
     traces = json.loads(gzip.open(path, "rt").read())["traces"]
     assert [t["status"] for t in traces] == ["oom", "oom", "ok", "oom"]
@@ -130,7 +132,7 @@ def test_allocated_counts_the_blocks_as_max_memory_allocated_does():
     Held-out 14's qwen2.5-0.5b bf16 b1 x 256 (first in its traced process, on the H200): its events add up to
     53 MiB less than the measured peak, their replay through the allocator's blocks to the measured peak
     exactly; and the estimate, which reports the replay's blocks, is within 0.1% of it."""
-    path = Path(__file__).parent.parent / "docs" / "data" / "trace-held-out-14-x0-held-out-12-w6-h200-2026-12-05.json.gz"
+    path = LAB / "trace-held-out-14-x0-held-out-12-w6-h200-2026-12-05.json.gz"
     t = json.loads(gzip.open(path, "rt").read())["traces"][0]
     assert t["index"] == "x0" and not t["start_segments"]
     live: dict[object, int] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 CLI = [sys.executable, "-m", "trainmem.cli"]
 TINY = ["--model", "tiny-gpt-neox", "--batch-size", "2", "--seq-len", "32", "--steps", "2", "--num-samples", "8"]
@@ -82,3 +83,33 @@ def test_estimate_a_hub_model_fetches_its_config_then_works_offline(fake_hub, tm
     assert gated.returncode == 2 and "Traceback" not in gated.stderr
     assert ("--model: 'acme/gated-llama' is not in the local Hugging Face cache and HF_HUB_OFFLINE is set"
             in " ".join(gated.stderr.split()))
+
+
+def _bad_outs(tmp_path):
+    """An --out that is a folder, and one under a file (a folder that cannot be made): each command's flag."""
+    (tmp_path / "a-file").write_text("not a folder\n")
+    folder, under_file = tmp_path, tmp_path / "a-file" / "rows.jsonl"
+    return [(folder, f"--out: {folder} is a folder; pass a file in it, e.g. --out {folder / 'results.jsonl'}"),
+            (under_file, f"--out: {tmp_path / 'a-file'} is a file, not a folder; pass --out a path in a folder")]
+
+
+def test_a_bad_out_stops_every_command_before_any_work(tmp_path):
+    import time
+
+    outs = _bad_outs(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    commands = [["run", *TINY], ["estimate", *TINY], ["sweep", *TINY, "--batch-size", "1,2"]]
+    for out, message in outs:
+        for command in commands:
+            started = time.time()
+            p = subprocess.run(CLI + command + ["--out", str(out)], capture_output=True, text=True)
+            took = time.time() - started
+            assert p.returncode == 2 and "Traceback" not in p.stderr and p.stdout == "", p.stderr
+            assert message in " ".join(p.stderr.split()), p.stderr
+            assert took < 3, f"{command[0]} took {took:.1f} s: it should stop before loading the setup"
+    sample = Path(__file__).parent / "data" / "chapter-sample.jsonl"
+    report = subprocess.run(CLI + ["report", str(sample), "--out", str(tmp_path / "a-file")],
+                            capture_output=True, text=True)
+    assert report.returncode == 2 and "Traceback" not in report.stderr
+    assert f"--out: {tmp_path / 'a-file'} is a file, not a folder" in " ".join(report.stderr.split())
+    assert sorted(tmp_path.rglob("*")) == before  # not a row, not a lock file written

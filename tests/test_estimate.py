@@ -80,7 +80,7 @@ def test_breakdown_adds_up_and_verdict():
                                 dict(optimizer="adamw-8bit"), dict(peft="lora", optimizer="adamw-8bit")])
 def test_simulated_bitsandbytes_states_equal_the_closed_form_rules(kw):
     """The meta stand-ins (estimator/quantized.py) hold exactly the NF4 and 8-bit Adam bytes that
-    states.py computes and that H200 runs measured (docs/estimate-validation.md)."""
+    states.py computes and that H200 runs measured (docs/lab/estimate-validation.md)."""
     from trainmem.estimator.memory.simulate import simulate_step
 
     spec = ModelSpec.resolve("tiny-gpt-neox")
@@ -199,7 +199,7 @@ def test_the_4bit_forward_keeps_both_absmax_buffers_until_the_product_exists():
 
 def test_the_4bit_warmup_is_what_transformers_allocated_on_the_h200():
     """gemma-2-2b's 4-bit load on the H200 (held-out 6, row 2) warmed the allocator up with exactly this many
-    bytes (allocator trace, docs/data/trace-held-out-6-qlora-rows-h200-2026-12-04.json.gz): tied head left out,
+    bytes (allocator trace, docs/lab/data/trace-held-out-6-qlora-rows-h200-2026-12-04.json.gz): tied head left out,
     quantized weights at half a byte, embeddings and norms at two."""
     spec = ModelSpec.resolve("gemma-2-2b")
     base = states.meta_model(spec, TrainSetup(precision="bf16", batch_size=1, seq_len=8), "bf16")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import shutil
 import subprocess
 import sys
@@ -106,3 +107,25 @@ def test_cli_report_and_its_errors(tmp_path):
                           "--gpu", "T5"], capture_output=True, text=True)
     assert bad.returncode == 2
     assert "FILE.jsonl: no such file" in bad.stderr and "--gpu: unknown card 'T5'" in bad.stderr
+
+
+def test_lines_that_are_not_rows_are_counted_and_located(tmp_path):
+    from trainmem import read_rows
+
+    rows = SAMPLE.read_text().splitlines()[:3]
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("\n".join([rows[0], "garbage", rows[1], '{"schema": "trainmem.result/1", "kind": "estimate"}',
+                                "[1, 2]", rows[2], "", '{"schema": "trainmem.result/0"}', '{"kind": "measure']))
+    problems: list = []
+    assert read_rows(mixed, problems) == read_rows(mixed) == [json.loads(r) for r in rows]
+    assert [(p.line, p.reason) for p in problems] == [
+        (2, "not JSON at column 1: Expecting value"), (4, "no model name"), (5, "a JSON list, not an object"),
+        (8, "schema 'trainmem.result/0', not 'trainmem.result/1'"),
+        (9, "not JSON at column 10: Unterminated string starting at, the last line, cut short")]
+    out = tmp_path / "r"
+    p = subprocess.run([sys.executable, "-m", "trainmem.cli", "report", str(mixed), "--out", str(out)],
+                       capture_output=True, text=True)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    assert (out / "report.html").exists() and len(list(csv.DictReader((out / "report.csv").open()))) == 3
+    assert (f"warning: left out 5 unreadable lines: {mixed}:2 (not JSON at column 1: Expecting value), "
+            f"{mixed}:4 (no model name), {mixed}:5 (a JSON list, not an object) and 2 more") in " ".join(p.stderr.split())

@@ -127,3 +127,139 @@ def test_bad_sweep_options_name_their_flag(tmp_path):
                        capture_output=True, text=True)
     assert p.returncode == 2
     assert "--method: 'guess' is not one of" in p.stderr and "--estimator: 'exact' is not one of" in p.stderr
+
+
+# --- nothing lost: a cut line, one writer per --out, error rows retried, interrupted sweeps --------------------
+EST = ["--model", "tiny-gpt-neox", "--seq-len", "16", "--method", "estimate"]
+
+
+def _stderr(p) -> str:
+    """The command's stderr, one space between words; it never holds a traceback."""
+    assert "Traceback" not in p.stderr, p.stderr
+    return " ".join(p.stderr.split())
+
+
+def _tiny(*batches, **fields):
+    from trainmem import load_setup
+
+    return [load_setup("tiny-gpt-neox", {"seq_len": "16", "batch_size": str(b), **fields}) for b in batches]
+
+
+def test_a_cut_last_line_is_moved_aside_before_resume_adds_rows(tmp_path):
+    from trainmem import Sweep, read_rows
+
+    out = tmp_path / "sweep.jsonl"
+    Sweep(_tiny(1, 2, 3), str(out), method="estimate", estimator="analytic").run()
+    whole = out.read_text().splitlines(keepends=True)
+    cut = whole[2][:70]  # the third row, as a sweep killed while writing it left it
+    out.write_text(whole[0] + whole[1] + cut)
+    p = subprocess.run(CLI + EST + ["--estimator", "analytic", "--batch-size", "1,2,3,4", "--out", str(out), "--resume"],
+                       capture_output=True, text=True)
+    err = _stderr(p)
+    assert p.returncode == 0, err
+    [aside] = tmp_path.glob("sweep.jsonl.partial-*")
+    assert aside.read_text() == cut
+    assert f"warning: {out} ended in a cut line: moved its {len(cut)} bytes to {aside}" in err
+    problems: list = []
+    rows = read_rows(out, problems)
+    assert problems == [] and len(rows) == len(out.read_text().splitlines()) == 4
+    assert out.read_text().startswith(whole[0] + whole[1])
+    assert [r["setup"]["batch_size"] for r in rows] == [1, 2, 3, 4]
+    assert "4 points: 2 run, 2 resumed, 0 errors -> " in err
+
+
+def test_a_second_sweep_on_the_same_out_stops_at_once(tmp_path):
+    out = tmp_path / "sweep.jsonl"
+    cmd = CLI + EST + ["--estimator", "simulate", "--batch-size", ",".join(map(str, range(1, 11))), "--out", str(out)]
+    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (out.exists() and out.read_text().count("\n") >= 1):
+        time.sleep(0.05)
+    assert first.poll() is None, "the first sweep should still be running"
+    started = time.time()
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    took = time.time() - started
+    _, first_err = first.communicate(timeout=120)
+    err = _stderr(second)
+    assert second.returncode == 2 and took < 5, (second.returncode, took, err)
+    assert (f"--out: {out} is being written by another trainmem (pid {first.pid}, lock {out}.lock); "
+            "wait for it to finish, or pass another --out") in err
+    assert first.returncode == 0 and "Traceback" not in first_err
+    rows = _rows(out)
+    assert sorted(r["setup"]["batch_size"] for r in rows) == list(range(1, 11))  # each point once
+    assert not (tmp_path / "sweep.jsonl.lock").exists()
+
+
+def test_resume_reruns_error_rows_only_with_retry_errors(tmp_path, monkeypatch):
+    from trainmem import Sweep
+    from trainmem.isolation import runner
+    from trainmem.search.sweep import done_keys, point_key, resolved_setup
+
+    out = tmp_path / "sweep.jsonl"
+    [(spec, setup)] = _tiny(1, device="cpu", steps="1", num_samples="2")
+    # a worker killed from outside (say the OOM killer): the runner's own error row, its setup as given
+    monkeypatch.setattr(runner, "run", lambda spec, setup: runner._failed(spec, setup, "the worker process died (exit -9)"))
+    assert Sweep([(spec, setup)], str(out), method="measure").run()["error"] == 1
+    monkeypatch.undo()
+    key = point_key("measurement", spec.name, resolved_setup(spec, setup, "measurement"))
+    assert done_keys(str(out)) == {key} and done_keys(str(out), redo_errors=True) == set()
+    cmd = CLI + ["--model", "tiny-gpt-neox", "--seq-len", "16", "--batch-size", "1", "--device", "cpu", "--steps", "1",
+                 "--num-samples", "2", "--method", "measure", "--out", str(out), "--resume"]
+    p = subprocess.run(cmd + ["--retry-errors"], capture_output=True, text=True)
+    err = _stderr(p)
+    assert p.returncode == 0, err
+    assert [r["status"] for r in _rows(out)] == ["error", "ok"] and "1 points: 1 run, 0 resumed, 0 errors" in err
+
+
+def _alive(process) -> bool:
+    import psutil
+
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_sigterm_stops_the_worker_keeps_the_rows_and_says_how_far(tmp_path):
+    import os
+    import signal
+    import threading
+
+    import psutil
+
+    from trainmem import read_rows
+
+    out, tmp = tmp_path / "sweep.jsonl", tmp_path / "tmp"
+    tmp.mkdir()
+    cmd = CLI + ["--model", "tiny-gpt-neox", "--device", "cpu", "--method", "measure", "--batch-size", "1,2,3",
+                 "--seq-len", "64", "--steps", "4", "--num-samples", "16", "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp)})
+    parent, children = psutil.Process(proc.pid), []
+    deadline = time.time() + 180
+    while time.time() < deadline and not (out.exists() and out.read_text().count("\n") >= 1):
+        time.sleep(0.05)
+    while time.time() < deadline and not children:  # the next point's worker
+        children = parent.children(recursive=True)
+        time.sleep(0.05)
+    assert children and list(tmp.glob("trainmem-*")), "a worker should be running, in its temp folder"
+    watchdog = threading.Timer(120, proc.kill)
+    watchdog.start()
+    proc.send_signal(signal.SIGTERM)
+    err = ""
+    for line in proc.stderr:  # the closing line comes once the sweep has unwound: the worker must be gone by then
+        err += line
+        if "interrupted" in line:
+            break
+    left = [c.pid for c in children if _alive(c)]
+    err += proc.stderr.read()
+    proc.wait()
+    watchdog.cancel()
+    problems: list = []
+    rows = read_rows(out, problems)
+    assert proc.returncode == 143 and "Traceback" not in err, err
+    assert f"trainmem sweep: interrupted after {len(rows)} of 3 points; rerun with --resume" in " ".join(err.split())
+    assert problems == [] and 1 <= len(rows) < 3 and {r["status"] for r in rows} == {"ok"}
+    assert left == [], "the worker outlived the sweep's unwinding"
+    assert not [p.pid for p in psutil.process_iter(["cmdline"]) if str(tmp) in " ".join(p.info["cmdline"] or [])]
+    assert list(tmp.glob("trainmem-*")) == [] and not (tmp_path / "sweep.jsonl.lock").exists()

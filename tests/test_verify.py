@@ -15,8 +15,8 @@ from trainmem.measure.verify import group_of
 
 EXACT = 1e-10
 # The naive rule is off by 0.22-0.26 on these models' partial windows (8 = 3 + 3 + 2, seq 32-256:
-# docs/data/accumulation-partial-window-cpu-2026-12-03.jsonl) and by 0.009-0.15 on whole micro-batches of
-# uneven lengths (docs/accumulation.md, benchmarks/accumulation_plot.py); 1e-3 is below both and far from
+# docs/lab/data/accumulation-partial-window-cpu-2026-12-03.jsonl) and by 0.009-0.15 on whole micro-batches of
+# uneven lengths (docs/lab/accumulation.md, benchmarks/accumulation_plot.py); 1e-3 is below both and far from
 # rounding (~1e-15).
 OFF = 1e-3
 

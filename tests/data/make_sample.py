@@ -1,4 +1,4 @@
-"""Makes chapter-sample.jsonl: the chapter's 14 measured H200 rows (docs/data) and trainmem's estimate of
+"""Makes chapter-sample.jsonl: the chapter's 14 measured H200 rows (docs/lab/data) and trainmem's estimate of
 each same setup, so the report tests run on real measurements next to real estimates.
 
     python tests/data/make_sample.py
@@ -10,7 +10,7 @@ from pathlib import Path
 import trainmem
 
 HERE = Path(__file__).resolve().parent
-SOURCE = HERE.parents[1] / "docs" / "data" / "chapter-h200-2026-12-02.jsonl"
+SOURCE = HERE.parents[1] / "docs" / "lab" / "data" / "chapter-h200-2026-12-02.jsonl"
 
 rows = [json.loads(line) for line in SOURCE.read_text().splitlines() if line.strip()]
 with open(HERE / "chapter-sample.jsonl", "w") as f:

@@ -1,7 +1,7 @@
 """One rank of an 8-GPU FSDP2 run measured on one GPU through the fake process group (issue 17).
 
-Written on a machine without a GPU: not yet run. Pins rank 3's weights, gradients and optimizer states
-against a hand-computed shard: ceil(dim0 / 8) rows of every parameter (FSDP2's padded chunk) x bytes."""
+Pins rank 3's weights, gradients and optimizer states against a hand-computed shard: ceil(dim0 / 8) rows of
+every parameter (FSDP2's padded chunk) x bytes."""
 
 from __future__ import annotations
 

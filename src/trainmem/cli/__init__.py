@@ -7,7 +7,7 @@ import sys
 
 from rich.console import Console
 
-from trainmem.errors import SetupError
+from trainmem.errors import Interrupted, SetupError, raise_on_signals
 
 from . import estimate as estimate_cmd
 from . import maxbatch as maxbatch_cmd
@@ -22,7 +22,8 @@ COMMANDS = {"run": run_cmd, "estimate": estimate_cmd, "verify-accumulation": ver
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse `argv` into one subcommand's flags and run it; a SetupError becomes its problems on stderr and exit 2."""
+    """Parse `argv` into one subcommand's flags and run it; a SetupError becomes its problems on stderr and exit 2,
+    an interruption one line and exit 128 + the signal."""
     parser = argparse.ArgumentParser(prog="trainmem", description="Plan, measure and explain GPU memory "
                                      "when fine-tuning causal language models.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -30,12 +31,16 @@ def main(argv: list[str] | None = None) -> int:
         module.register(sub.add_parser(name, help=module.__doc__.splitlines()[0],
                                        description=module.__doc__))
     args = parser.parse_args(argv)
+    raise_on_signals()  # SIGINT/SIGTERM unwind (worker stopped, temp folder removed), then exit 130/143
     try:
         return COMMANDS[args.command].main(args)
     except SetupError as e:
         Console(stderr=True).print(f"[red]trainmem {args.command}: the setup cannot run:[/red]\n{e}",
                                    highlight=False)
         return 2
+    except Interrupted as e:
+        Console(stderr=True).print(f"trainmem {args.command}: {e.message}", markup=False, soft_wrap=True)
+        return e.code
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ import sys
 
 from rich.console import Console
 
+from trainmem.errors import SetupError
 from trainmem.output.render import print_result
+from trainmem.result import out_problems
 
 from . import options
 
@@ -23,6 +25,8 @@ def register(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.out and out_problems(args.out):  # first, alone and at once: where the row goes, not the setup
+        raise SetupError(out_problems(args.out))
     from trainmem.estimator import estimate
 
     problems: list[str] = []
@@ -37,8 +41,8 @@ def main(args: argparse.Namespace) -> int:
     with console.status(f"estimating {spec.name}..."):
         breakdown = estimate(spec, setup, args.method)
     result = breakdown.to_result(setup.gpu, margin)
-    if args.out:
-        result.append_to(args.out)
+    for note in result.append_to(args.out) if args.out else []:
+        Console(stderr=True).print(f"warning: {note}", style="yellow", markup=False, soft_wrap=True)
     if args.json:
         sys.stdout.write(result.to_json() + "\n")
     else:

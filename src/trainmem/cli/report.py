@@ -13,6 +13,7 @@ from rich.console import Console
 
 from trainmem.errors import SetupError
 from trainmem.hardware.gpus import gpu_problem
+from trainmem.result import Unreadable, folder_problem, unreadable_note
 
 
 def register(p: argparse.ArgumentParser) -> None:
@@ -29,12 +30,17 @@ def main(args: argparse.Namespace) -> int:
         problems.append(f"FILE.jsonl: no such file {args.file!r}; pass the --out file of trainmem sweep/run/estimate")
     if args.gpu and gpu_problem(args.gpu):
         problems.append(gpu_problem(args.gpu))
+    problems += [p for p in [folder_problem(args.out, "--out")] if p]
     if problems:
         raise SetupError(problems)
+    unreadable: list[Unreadable] = []
     try:
-        written = write_report(args.file, args.out, args.gpu)
+        written = write_report(args.file, args.out, args.gpu, unreadable)
     except ValueError as e:
         raise SetupError([f"FILE.jsonl: {e}"]) from None
+    if unreadable:
+        Console(stderr=True).print(f"warning: {unreadable_note(unreadable)}", style="yellow", markup=False,
+                                   soft_wrap=True)
     console = Console()
     if not plots.available():
         console.print(f"[yellow]{plots.MISSING}[/yellow]")

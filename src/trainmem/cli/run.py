@@ -10,8 +10,10 @@ import sys
 
 from rich.console import Console
 
+from trainmem.errors import SetupError
 from trainmem.isolation.runner import run
 from trainmem.output.render import print_result
+from trainmem.result import out_problems
 
 from . import options
 
@@ -24,12 +26,14 @@ def register(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.out and out_problems(args.out):  # first, alone and at once: where the row goes, not the setup
+        raise SetupError(out_problems(args.out))
     spec, setup = options.setup_from_args(args)
     console = Console(stderr=args.json)
     with console.status(f"training {spec.name} ({spec.source}) for {setup.steps} steps..."):
         result = run(spec, setup, isolate=not args.no_isolate)
-    if args.out:
-        result.append_to(args.out)
+    for note in result.append_to(args.out) if args.out else []:
+        Console(stderr=True).print(f"warning: {note}", style="yellow", markup=False, soft_wrap=True)
     if args.json:
         sys.stdout.write(result.to_json() + "\n")
     else:

@@ -2,7 +2,8 @@
 
 Any setup flag of `trainmem run` may be a comma list (`--batch-size 4,8,16 --peft none,lora`); `--grid
 FILE.yaml` maps fields to lists; `--preset chapter` is the seed chapter's seven runs. Points already in
-`--out` are skipped with `--resume`; points whose estimate is far over `--gpu` are skipped unless `--force`.
+`--out` are skipped with `--resume` (error rows too, unless `--retry-errors`), points whose estimate is far
+over `--gpu` unless `--force`. One sweep at a time writes an `--out`; Ctrl-C or SIGTERM keeps the rows made.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from rich.progress import (
 
 from trainmem.errors import SetupError
 from trainmem.output.render import sweep_line
+from trainmem.result import out_problems
 from trainmem.search.sweep import (
     METHODS,
     PRESETS,
@@ -43,13 +45,16 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="trainmem-out/sweep.jsonl", metavar="FILE.jsonl",
                    help="append each point's row here (default trainmem-out/sweep.jsonl)")
     p.add_argument("--resume", action="store_true", help="skip points already in --out")
+    p.add_argument("--retry-errors", action="store_true", help="with --resume: run again points whose row is an error")
     p.add_argument("--force", action="store_true", help="run points whose estimate is far over --gpu anyway")
 
 
 def main(args: argparse.Namespace) -> int:
+    if out_problems(args.out):  # first, alone and at once: where the rows go, not the setup
+        raise SetupError(out_problems(args.out))
     problems: list[str] = []
     try:
-        sweep = Sweep([], args.out, args.method, args.estimator, args.resume, args.force)
+        sweep = Sweep([], args.out, args.method, args.estimator, args.resume, args.force, args.retry_errors)
     except SetupError as e:
         problems, sweep = e.problems, None
     given = {"model": args.model, **options.given_values(args)}
@@ -67,7 +72,7 @@ def main(args: argparse.Namespace) -> int:
         counts = sweep.run(
             starting=lambda label: progress.update(task, description=label),
             made=lambda label, row: progress.console.print(sweep_line(label, row), highlight=False),
-            point_done=lambda: progress.advance(task))
-    summary = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
-    console.print(f"{len(points)} points ({summary or 'nothing to do'}) -> {args.out}", highlight=False)
+            point_done=lambda: progress.advance(task),
+            warn=lambda text: progress.console.print(text, style="yellow", markup=False, soft_wrap=True))
+    console.print(sweep.summary(), highlight=False, soft_wrap=True)
     return 1 if counts["error"] else 0

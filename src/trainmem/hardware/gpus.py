@@ -142,9 +142,9 @@ CATALOG: dict[str, GPU] = {g.name: g for g in [
     # "NVIDIA H100 80GB HBM3": the name torch.cuda reports for the H100 SXM (seen on the one measured here)
     _card("H100-80GB", _gib(79.11), (9, 0), 132, aliases=("H100", "H100 SXM", "H100-SXM5-80GB", "H100 80GB HBM3")),
     # measured on the H200 used for docs/ (2026-12-02/03): total_memory, context, overhead at the peak
-    GPU("H200", 150_109_880_320, H200_OVERHEAD, "measured H200 2026-12-02, docs/run-chapter-h200.md", (9, 0), 132,
+    GPU("H200", 150_109_880_320, H200_OVERHEAD, "measured H200 2026-12-02, docs/lab/run-chapter-h200.md", (9, 0), 132,
         ("H200 141GB",), context_source="measured H200 2026-12-03: 527 MiB context at start + 224 MiB kernels "
-        "loaded during the first step (docs/estimate-validation.md)", measured=True),
+        "loaded during the first step (docs/lab/estimate-validation.md)", measured=True),
 ]}
 
 AMBIGUOUS = {"a100": ("A100-40GB", "A100-80GB"), "v100": ("V100-16GB", "V100-32GB")}

@@ -5,13 +5,16 @@ experiment leaks into the next one (the seed's QLoRA run started with 0.945 GB l
 cell) and a crash cannot take the caller down. The worker runs `engines.execute_validated`; with
 `isolate=False`, `engines.execute` runs here instead (`trainmem.isolation.runner.execute` is that function). This
 module imports no torch: the parent of an isolated run stays light and holds no CUDA context of its own
-next to the one it measures.
+next to the one it measures. Interrupted (Ctrl-C; SIGTERM too under the command line, which turns it into
+`trainmem.errors.Interrupted`), `run` stops the worker's process group and removes the experiment's temp
+folder before the interruption goes on.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -41,23 +44,49 @@ def run(spec: ModelSpec | str, setup: TrainSetup | None = None, isolate: bool = 
     setup = (setup or TrainSetup()).validate(spec)
     if not isolate:
         return execute(spec, setup)
-    with tempfile.TemporaryDirectory(prefix="trainmem-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="trainmem-") as tmp:  # removed on the way out, interrupted or not
         job, out = os.path.join(tmp, "job.json"), os.path.join(tmp, "result.json")
         with open(job, "w") as f:
             json.dump(to_job(spec, setup), f)
-        try:
-            proc = subprocess.run([sys.executable, "-m", "trainmem.isolation.worker", job, out],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=timeout)
+        proc = None
+        try:  # its own session: a Ctrl-C reaches this process alone, which stops the worker's whole group
+            proc = subprocess.Popen([sys.executable, "-m", "trainmem.isolation.worker", job, out],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                    start_new_session=True)
+            _, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
+            stop(proc)
             return _failed(spec, setup, f"the experiment ran past {timeout} s and was stopped")
+        except BaseException:  # SIGINT/SIGTERM (trainmem.errors.Interrupted), or any error here
+            if proc is not None:
+                stop(proc)
+            raise
         if not os.path.exists(out):
             return _failed(spec, setup, f"the worker process died (exit {proc.returncode}):\n"
-                                        + "\n".join(proc.stderr.splitlines()[-20:]))
+                                        + "\n".join(err.splitlines()[-20:]))
         with open(out) as f:
             row = json.load(f)
     if row.get("status") == "invalid":
         raise SetupError(row["problems"])
     return Result.from_dict(row)
+
+
+def stop(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """Stop a worker and what it started (its process group): SIGTERM, then SIGKILL after `grace` seconds;
+    returns once it is gone, its pipe closed."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(grace)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    proc.wait()
+    if proc.stderr:
+        proc.stderr.close()
 
 
 def _failed(spec: ModelSpec, setup: TrainSetup, why: str) -> Result:
@@ -66,4 +95,4 @@ def _failed(spec: ModelSpec, setup: TrainSetup, why: str) -> Result:
                   effective_batch=setup.effective_batch, error=why)
 
 
-__all__ = ["run"]
+__all__ = ["run", "stop"]

@@ -6,14 +6,22 @@ pure function (`expand`), so the grid can be checked without running anything; `
 into (spec, setup) pairs through the same sources and validation as `trainmem run`
 (`trainmem.config.sources.load_setup`), collecting every problem. `Sweep` then measures or estimates each
 point, skipping what `resume` finds done and what the estimate says cannot fit.
+
+Nothing is lost: `out` is checked before any work; one sweep at a time writes it (`trainmem.result.OutLock`,
+held for the whole sweep: a second one stops at once); a line cut by a killed sweep is moved aside before
+rows are added after it; each row is on disk, whole, before the next point starts; an interrupted sweep
+(Ctrl-C, SIGTERM) stops its worker and says how far it got.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import signal
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +30,18 @@ from trainmem.config.chapter import RUNS as CHAPTER_RUNS
 from trainmem.config.setup import ESTIMATORS, TrainSetup
 from trainmem.config.sources import load_setup
 from trainmem.config.specs import ModelSpec
-from trainmem.errors import SetupError
+from trainmem.errors import Interrupted, SetupError
 from trainmem.hardware.gpus import GPU
-from trainmem.result import Result, read_rows
+from trainmem.result import (
+    OutLock,
+    Result,
+    Unreadable,
+    append_line,
+    out_problems,
+    read_rows,
+    repair_tail,
+    unreadable_note,
+)
 
 PRESETS = ("chapter",)
 METHODS = ("measure", "estimate", "both")
@@ -127,12 +144,16 @@ def point_key(kind: str, model: str, setup: dict[str, Any]) -> str:
     return json.dumps([kind, model, setup], sort_keys=True)
 
 
-def done_keys(path: str, redo_skipped: bool = False) -> set[str]:
-    """Keys of the points a previous sweep already wrote to `path` (for --resume)."""
+def done_keys(path: str, redo_skipped: bool = False, problems: list[Unreadable] | None = None,
+              redo_errors: bool = False) -> set[str]:
+    """Keys of the points a previous sweep already wrote to `path` (for --resume), but those whose row is
+    `skipped` with `redo_skipped` and `error` with `redo_errors`; lines that are not rows go to `problems`."""
     if not Path(path).exists():
         return set()
-    return {point_key(row["kind"], row["model"]["name"], row["setup"]) for row in read_rows(path)
-            if not (redo_skipped and row.get("status") == "skipped")}
+    redo = {"skipped"} if redo_skipped else set()
+    redo |= {"error"} if redo_errors else set()
+    return {point_key(row["kind"], row["model"]["name"], row["setup"]) for row in read_rows(path, problems)
+            if row["status"] not in redo}
 
 
 def predicted_oom(breakdown: Any, card: GPU, factor: float = OOM_FACTOR) -> bool:
@@ -167,21 +188,30 @@ class Sweep:
     estimator: str = "auto"
     """How estimates are made (`trainmem.estimate`'s method)."""
     resume: bool = False
-    """Skip points whose rows `out` already holds."""
+    """Skip points whose rows `out` already holds (`error` rows included, unless `retry_errors`)."""
     force: bool = False
     """Run points whose estimate is far over their `gpu` (`predicted_oom`) instead of skipping them."""
+    retry_errors: bool = False
+    """With `resume`: run again points whose row in `out` is an `error` (they count as done otherwise)."""
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("ok", "oom", "error", "skipped", "resumed"), 0))
 
     def __post_init__(self) -> None:
-        import torch
-
-        self.cuda = torch.cuda.is_available()
+        problems = out_problems(self.out)  # where the rows go: checked before any work
+        if self.retry_errors and not self.resume:
+            problems.append("--retry-errors: reruns the error rows of a resumed sweep; add --resume")
         self.method = self.method or ("both" if self.cuda else "estimate")
-        problems = [f"--{flag}: {value!r} is not one of {', '.join(allowed)}" for flag, value, allowed in
-                    (("method", self.method, METHODS), ("estimator", self.estimator, ESTIMATORS))
-                    if value not in allowed]
+        problems += [f"--{flag}: {value!r} is not one of {', '.join(allowed)}" for flag, value, allowed in
+                     (("method", self.method, METHODS), ("estimator", self.estimator, ESTIMATORS))
+                     if value not in allowed]
         if problems:
             raise SetupError(problems)
+
+    @cached_property
+    def cuda(self) -> bool:
+        """Whether this process sees a CUDA device (asked once, when first needed: it loads torch)."""
+        import torch
+
+        return torch.cuda.is_available()
 
     def notes(self) -> list[str]:
         """What to say before the sweep starts: measuring was asked for where there is no CUDA."""
@@ -192,15 +222,57 @@ class Sweep:
 
     def run(self, starting: Callable[[str], None] = lambda label: None,
             made: Callable[[str, Result], None] = lambda label, row: None,
-            point_done: Callable[[], None] = lambda: None) -> dict[str, int]:
+            point_done: Callable[[], None] = lambda: None,
+            warn: Callable[[str], None] = lambda text: print(text, file=sys.stderr)) -> dict[str, int]:
         """Make every row; returns the counts by status (and `resumed`). `starting(label)` is called before
-        a row is made, `made(label, row)` once it is written, `point_done()` after each point."""
+        a row is made, `made(label, row)` once it is written, `point_done()` after each point (resumed ones
+        too), `warn(text)` for what was found in `out` (a cut last line moved aside, unreadable lines).
+
+        Holds `out`'s lock throughout: SetupError at once when another sweep has it. Interrupted (Ctrl-C,
+        or `Interrupted` from a signal), raises `Interrupted` saying how many points were done."""
+        Path(self.out).parent.mkdir(parents=True, exist_ok=True)
+        lock = OutLock(self.out)
+        if not lock.acquire():
+            raise SetupError([lock.busy()])
+        finished = 0
+
+        def done_one() -> None:
+            nonlocal finished
+            finished += 1
+            point_done()
+
+        try:
+            moved = repair_tail(self.out)
+            if moved:
+                warn(f"warning: {moved}")
+            unreadable: list[Unreadable] = []
+            done = done_keys(self.out, self.force, unreadable, self.retry_errors) if self.resume else set()
+            if unreadable:
+                warn(f"warning: {unreadable_note(unreadable)}; their points are run again")
+            self._make_rows(done, starting, made, done_one)
+        except KeyboardInterrupt as e:
+            raise Interrupted(getattr(e, "signum", signal.SIGINT), f"interrupted after {finished} of "
+                              f"{len(self.points)} points; rerun with --resume") from None
+        finally:
+            lock.release()
+        return self.counts
+
+    def summary(self) -> str:
+        """The closing line: `N run (.. ok, .. oom), K resumed, E errors -> FILE` (and what was skipped)."""
+        c = self.counts
+        made = c["ok"] + c["oom"] + c["error"]
+        how = f" ({c['ok']} ok, {c['oom']} oom)" if c["oom"] else ""
+        skipped = f", {c['skipped']} skipped as predicted OOMs" if c["skipped"] else ""
+        return (f"{len(self.points)} points: {made} run{how}{skipped}, {c['resumed']} resumed, "
+                f"{c['error']} errors -> {self.out}")
+
+    def _make_rows(self, done: set[str], starting: Callable[[str], None],
+                   made: Callable[[str, Result], None], point_done: Callable[[], None]) -> None:
+        """Every point's rows, each appended to `out` (whose lock `run` holds) before the next is made."""
         from trainmem.estimator import estimate
         from trainmem.hardware.gpus import find_gpu
         from trainmem.isolation.runner import run
 
-        Path(self.out).parent.mkdir(parents=True, exist_ok=True)
-        done = done_keys(self.out, redo_skipped=self.force) if self.resume else set()
         measure_all = self.method in ("measure", "both")
         for spec, setup in self.points:
             measured = measure_all and (self.cuda or setup.device == "cpu")
@@ -222,11 +294,12 @@ class Sweep:
                     row = breakdown.to_result(setup.gpu)
                 else:
                     row = run(spec, setup)
-                row.append_to(self.out)
+                    if row.status == "error":  # a dead worker's row holds the setup unresolved: key it as resume will
+                        row.setup = resolved
+                append_line(self.out, row.to_json())
                 self.counts[row.status] += 1
                 made(label, row)
             point_done()
-        return self.counts
 
 
 __all__ = ["Sweep", "expand", "split_values", "preset_points", "read_grid", "axes", "resolve",

@@ -3,7 +3,7 @@ AdamW with no bitsandbytes and no GPU. Each allocates what the CUDA code allocat
 computes nothing (read from bitsandbytes 0.50 `nn.Linear4bit`, `functional.quantize_4bit` /
 `dequantize_4bit`, `autograd.MatMul4Bit`, `optim.Optimizer2State`, and peft 0.21
 `prepare_model_for_kbit_training` / `tuners.lora.bnb.Linear4bit`; checked against H200 runs in
-docs/estimate-validation.md).
+docs/lab/estimate-validation.md).
 
 The QLoRA build replays what `trainmem run` does on the GPU (`build.build_model`): every weight of the
 checkpoint is loaded in its dtype into the one segment transformers' warm-up allocation left cached, each

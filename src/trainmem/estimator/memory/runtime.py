@@ -1,7 +1,7 @@
 """What the CUDA runtime adds beyond the tensors a training step creates, calibrated on real runs.
 
-Each constant names the measurement it comes from (docs/data/validation-isolated-h200-2026-12-03.jsonl,
-docs/data/validation-h200-2026-12-02.jsonl and docs/data/chapter-h200-2026-12-02.jsonl, H200, torch 2.11
+Each constant names the measurement it comes from (docs/lab/data/validation-isolated-h200-2026-12-03.jsonl,
+docs/lab/data/validation-h200-2026-12-02.jsonl and docs/lab/data/chapter-h200-2026-12-02.jsonl, H200, torch 2.11
 + CUDA 13).
 """
 
@@ -11,7 +11,7 @@ MiB = 1024**2
 
 RESERVED_OVER_ALLOCATED = 1.096
 """Median of peak_reserved / peak_allocated over the 36 isolated validation runs (range 1.01-1.26;
-docs/data/validation-isolated-h200-2026-12-03.jsonl): the caching allocator's rounding and cached free
+docs/lab/data/validation-isolated-h200-2026-12-03.jsonl): the caching allocator's rounding and cached free
 blocks. Only the analytic method uses it (autocast and sharded setups); simulate replays its allocations
 through the allocator's policy (`allocator.py`)."""
 
@@ -39,5 +39,5 @@ def version_note(installed: dict[str, str]) -> str | None:
     if not off:
         return None
     return (f"installed {', '.join(off)}: the kernel memory model was validated on torch {VALIDATED_ON['torch']} "
-            f"+ transformers {VALIDATED_ON['transformers']} (H200, docs/estimate-validation.md); kernels, model "
+            f"+ transformers {VALIDATED_ON['transformers']} (H200, docs/accuracy.md); kernels, model "
             "code and the allocator of other releases may take different memory")

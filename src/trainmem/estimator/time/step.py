@@ -28,7 +28,7 @@ half of a causal product, but not under an explicit mask such as a sliding windo
 out (Gemma-2 beyond 4096 tokens, Gemma-3 beyond 512).
 Offload (ZeRO/FSDP) adds its PCIe transfers; communication between GPUs is not modelled.
 
-The constants are fitted to the H200 step times committed in docs/data (`benchmarks/time_validate.py fit`
+The constants are fitted to the H200 step times committed in docs/lab/data (`benchmarks/time_validate.py fit`
 on its `FIT_FILES`' rows timed over several steps; the fit and its cross-validation: docs/time-model.md);
 every other card's time is derived from its catalog figures (`gpus.SPEEDS`), which the result says.
 """
@@ -108,7 +108,7 @@ aligned one of the same FLOPs: cuBLAS cannot run it on its 16-byte-aligned tenso
 Matrix Multiplication Background guide: fp16 dimensions in multiples of 8; `resize_token_embeddings(
 pad_to_multiple_of=...)` exists for it). Hopper (sm90 and later): 5.9, measured on the H200 with
 `benchmarks/matmul_alignment.py` (GPT-2's head at 16384 tokens, its forward, input and weight gradients:
-5.8x per FLOP in bf16 and 5.9x in fp16 at 50257 against 50264; docs/data/matmul-alignment-h200-2026-12-05.json);
+5.8x per FLOP in bf16 and 5.9x in fp16 at 50257 against 50264; docs/lab/data/matmul-alignment-h200-2026-12-05.json);
 its fast kernels load tiles with the tensor memory accelerator, which needs the alignment. Other cards: 2.0,
 derived, not measured: nanoGPT pads GPT-2's 50257-token vocabulary to 50304 "for efficiency", which its
 author reported as about 25% faster training on A100s; the head is 29% of GPT-2 small's matmul FLOPs at 1024

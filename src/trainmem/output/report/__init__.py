@@ -9,16 +9,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trainmem.result import Unreadable, unreadable_note
 from trainmem.result import read_rows as load_rows
 
 from . import html, plots, tables
 
 
-def write_report(source: str | Path, out: str | Path, gpu: str | None = None) -> dict[str, Path]:
-    """Write report.md, report.csv, the PNG plots and report.html under `out`; returns name -> path."""
-    rows = load_rows(source)
+def write_report(source: str | Path, out: str | Path, gpu: str | None = None,
+                 unreadable: list[Unreadable] | None = None) -> dict[str, Path]:
+    """Write report.md, report.csv, the PNG plots and report.html under `out`; returns name -> path. The
+    lines of `source` that are not result rows are left out, and added to `unreadable` when it is a list."""
+    unreadable = [] if unreadable is None else unreadable
+    rows = load_rows(source, unreadable)
     if not rows:
-        raise ValueError(f"{source}: no trainmem result rows (one JSON object per line, schema trainmem.result/1)")
+        why = f"; {unreadable_note(unreadable)}" if unreadable else ""
+        raise ValueError(f"{source}: no trainmem result rows (one JSON object per line, schema "
+                         f"trainmem.result/1){why}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     comparison = tables.compare(rows)
