@@ -157,14 +157,16 @@ def done_keys(path: str, redo_skipped: bool = False, problems: list[Unreadable] 
 
 
 def predicted_oom(breakdown: Any, card: GPU, factor: float = OOM_FACTOR) -> bool:
-    """True when the estimate's reserved + the card's context exceeds `factor` x its capacity."""
-    return breakdown.memory["peak_reserved"] + card.context > factor * card.capacity
+    """True when what the estimate says the card must hold (its verdict's need: peak reserved + the setup's
+    memory outside the allocator) exceeds `factor` x its capacity."""
+    return breakdown.verdict(card)["need"] > factor * card.capacity
 
 
 def skipped_row(spec: ModelSpec, setup: dict[str, Any], kind: str, breakdown: Any, card: GPU) -> Result:
     """The row of a point not run because its estimate is far over the card; `--force` runs it anyway."""
-    need = breakdown.memory["peak_reserved"] + card.context
-    note = (f"skipped as a predicted OOM: the estimate needs {need / 2**30:.2f} GiB (reserved + context), more "
+    need = breakdown.verdict(card)["need"]
+    note = (f"skipped as a predicted OOM: the estimate needs {need / 2**30:.2f} GiB (reserved + memory outside "
+            "the allocator), more "
             f"than {OOM_FACTOR:.2f} x the {card.name}'s {card.capacity / 2**30:.2f} GiB; pass --force to run it")
     if kind == "estimate":
         row = breakdown.to_result(card.name)
