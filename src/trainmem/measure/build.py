@@ -93,11 +93,22 @@ def lora_config(setup: TrainSetup) -> Any:
                       target_modules=targets, bias="none", task_type="CAUSAL_LM")
 
 
-def _random_model(spec: ModelSpec, dtype: torch.dtype, attention: str, device: str) -> torch.nn.Module:
+def random_model(spec: ModelSpec, dtype: torch.dtype, attention: str, device: str) -> torch.nn.Module:
+    """The model of `spec`'s config with random weights, built directly on `device` (`meta`: no memory, for
+    the estimator's simulation of the same model)."""
     from transformers import AutoModelForCausalLM
 
     with torch.device(device):
         return AutoModelForCausalLM.from_config(spec.hf_config(), dtype=dtype, attn_implementation=attention)
+
+
+def add_adapters(model: torch.nn.Module, setup: TrainSetup) -> torch.nn.Module:
+    """The model with the setup's LoRA adapters (peft's `get_peft_model`), or as it is without LoRA."""
+    if setup.peft not in ("lora", "qlora"):
+        return model
+    from peft import get_peft_model
+
+    return get_peft_model(model, lora_config(setup))
 
 
 def init_device(spec: ModelSpec, dtype: torch.dtype, cap: int | None, free: int) -> str:
@@ -134,7 +145,7 @@ def build_model(spec: ModelSpec, setup: TrainSetup, device: str, precision: str)
                 # Random init is fast on the GPU; the unquantized copy is freed and forgotten by the
                 # allocator's statistics before the real (quantizing) load starts.
                 where = init_device(spec, dtype, setup.cap_bytes(precision), torch.cuda.mem_get_info()[0])
-                _random_model(spec, dtype, setup.attention, where).save_pretrained(tmp)
+                random_model(spec, dtype, setup.attention, where).save_pretrained(tmp)
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
                 model = AutoModelForCausalLM.from_pretrained(tmp, **kwargs)
@@ -146,14 +157,11 @@ def build_model(spec: ModelSpec, setup: TrainSetup, device: str, precision: str)
             model = AutoModelForCausalLM.from_pretrained(spec.path, dtype=dtype, attn_implementation=setup.attention,
                                                          device_map={"": device})
         else:
-            model = _random_model(spec, dtype, setup.attention, device)
+            model = random_model(spec, dtype, setup.attention, device)
         if setup.checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False  # training never reads the KV cache; the seed turns it off too
-    if setup.peft in ("lora", "qlora"):
-        from peft import get_peft_model
-
-        model = get_peft_model(model, lora_config(setup))
+    model = add_adapters(model, setup)
     model.train()
     return model
 

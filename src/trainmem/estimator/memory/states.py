@@ -45,20 +45,15 @@ def weight_bytes_per(precision: str) -> int:
 
 
 def meta_model(spec: ModelSpec, setup: TrainSetup, precision: str) -> Any:
-    """The real Hugging Face model (and peft adapters) on the meta device, in the weights' dtype."""
-    from transformers import AutoModelForCausalLM
+    """The real Hugging Face model (and peft adapters) on the meta device, in the weights' dtype, built by the
+    builder `trainmem run` uses (`measure.build`)."""
+    from trainmem.measure.build import WEIGHT_DTYPES, add_adapters, random_model
 
-    from trainmem.measure.build import WEIGHT_DTYPES, lora_config
-
+    setup = setup.resolved(spec)
+    model = random_model(spec, WEIGHT_DTYPES[precision], setup.attention, "meta")
+    model.config.use_cache = False
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(spec.hf_config(), dtype=WEIGHT_DTYPES[precision],
-                                                 attn_implementation=setup.resolved(spec).attention)
-        model.config.use_cache = False
-        if setup.peft in ("lora", "qlora"):
-            from peft import get_peft_model
-
-            model = get_peft_model(model, lora_config(setup))
-    return model
+        return add_adapters(model, setup)
 
 
 def quantizable(model: Any) -> set[str]:
