@@ -21,6 +21,7 @@ from typing import Any
 from trainmem.config.setup import ESTIMATORS, TrainSetup, lora_targets_note
 from trainmem.config.specs import ModelSpec
 from trainmem.hardware import cuda
+from trainmem.version import stamp
 from trainmem.hardware.gpus import CATALOG, GPU, find_gpu
 
 from .breakdown import ADVICE, Breakdown
@@ -111,7 +112,7 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
     installed = runtime.versions()
     if runtime.version_note(installed):
         notes.append(runtime.version_note(installed))
-    env = {**installed, "validated_on": dict(runtime.VALIDATED_ON)}
+    env = {**installed, **stamp(), "validated_on": dict(runtime.VALIDATED_ON)}
     return Breakdown(method, memory, model_states, phase, resolved.to_dict(), model, overhead,
                      terms, tuple(notes), env, time)
 

@@ -31,7 +31,7 @@ from trainmem.config.specs import ModelSpec
 from trainmem.errors import SetupError
 from trainmem.hardware.gpus import find_gpu
 from trainmem.result import Result, empty_memory
-from trainmem.version import __version__
+from trainmem.version import stamp
 
 from . import emulation
 from .build import build_model, build_optimizer, trainable_parameters
@@ -61,7 +61,7 @@ def environment(device: str, reader: Any = None) -> dict[str, Any]:
     env: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
                            **{p: _version(p) for p in ("torch", "transformers", "peft", "accelerate",
                                                        "bitsandbytes")}}
-    env["trainmem"] = __version__
+    env.update(stamp())
     env["device"] = device
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
