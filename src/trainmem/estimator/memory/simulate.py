@@ -89,6 +89,35 @@ def _dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bo
     return _CudaDropout.apply(x) if training and p > 0 else x
 
 
+class _GroupedMM(torch.autograd.Function):
+    """CUDA's grouped matrix product (`torch.nn.functional.grouped_mm`, what transformers' mixture-of-experts
+    layers run by default: every token-expert pair in one product, grouped by `offs`) with its memory: the
+    output forward; the input's gradient and every expert's weight gradient backward (whether or not an
+    expert got a token, as PyTorch's `_grouped_mm` backward makes them). Its meta kernel takes bf16 only, where
+    CUDA takes fp32 and fp16 too (autocast over fp32 weights, fp16 runs). The memory does not depend on how
+    tokens are routed: the product's rows are all token-expert pairs whatever the routing."""
+
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(a, b)
+        return a.new_empty((a.shape[0], b.shape[-1]))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        a, b = ctx.saved_tensors
+        grad_a = torch.empty_like(a) if ctx.needs_input_grad[0] else None
+        grad_b = torch.empty_like(b) if ctx.needs_input_grad[1] else None
+        return grad_a, grad_b, None
+
+
+def _grouped_mm(a: torch.Tensor, b: torch.Tensor, *args: Any, offs: torch.Tensor | None = None,
+                **kwargs: Any) -> torch.Tensor:
+    """`grouped_mm(mat_a, mat_b, offs=...)` of a 2-D input and 3-D expert weights, as CUDA allocates it."""
+    if a.dim() != 2 or b.dim() != 3:
+        raise NotImplementedError(f"grouped_mm of {a.dim()}-D by {b.dim()}-D operands is not modelled")
+    return _GroupedMM.apply(a, b, offs if offs is not None else (args[0] if args else None))
+
+
 _MATH_SDPA = torch.nn.functional.scaled_dot_product_attention
 
 
@@ -125,16 +154,19 @@ def cuda_choices(attention: str, flash: bool = True, inplace: InPlace | None = N
     import transformers.masking_utils as masking
 
     F = torch.nn.functional
-    saved = (F.scaled_dot_product_attention, F.dropout, masking.find_packed_sequence_indices)
+    saved = (F.scaled_dot_product_attention, F.dropout, masking.find_packed_sequence_indices,
+             getattr(F, "grouped_mm", None), getattr(torch, "_grouped_mm", None))
     try:
         if attention != "eager":  # "auto" too: transformers picks SDPA wherever a model has it
             F.scaled_dot_product_attention = functools.partial(_fused_sdpa, flash=flash, inplace=inplace)
         F.dropout = _dropout
         # packed-sequence detection reads position ids on the host, which meta tensors cannot do
         masking.find_packed_sequence_indices = lambda *a, **k: None
+        F.grouped_mm = torch._grouped_mm = _grouped_mm
         yield
     finally:
-        F.scaled_dot_product_attention, F.dropout, masking.find_packed_sequence_indices = saved
+        (F.scaled_dot_product_attention, F.dropout, masking.find_packed_sequence_indices, F.grouped_mm,
+         torch._grouped_mm) = saved
 
 
 _MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
