@@ -34,6 +34,8 @@ COUNTS = {
     "bloom-560m": 559_214_592,
     # tiiuae/falcon-7b model card: 7B; the Hub's safetensors total is 6.92B
     "falcon-7b": 6_921_720_704,
+    # allenai/OLMoE-1B-7B-0924 model card and the OLMoE paper: 6.9B total, 1.3B active
+    "olmoe-1b-7b": 6_919_161_856,
 }
 
 HUBS = {
@@ -47,6 +49,7 @@ HUBS = {
     "facebook/opt-1.3b": "opt-1.3b",
     "bigscience/bloom-560m": "bloom-560m",
     "tiiuae/falcon-7b": "falcon-7b",
+    "allenai/OLMoE-1B-7B-0924": "olmoe-1b-7b",
 }
 
 TINY = ["tiny-qwen3-moe", "tiny-olmoe", "tiny-mixtral", "tiny-lfm2", "tiny-granitemoehybrid"]

@@ -155,6 +155,16 @@ PRESETS: dict[str, dict[str, Any]] = {
         use_sliding_window=False, sliding_window=None, max_window_layers=48, tie_word_embeddings=False,
         hidden_act="silu", dtype="bfloat16",
     ),
+    # allenai/OLMoE-1B-7B-0924: every size field below is quoted alike by several repositories' partial copies
+    # (e.g. a moe_engine test fixture "The fields of allenai/OLMoE-1B-7B-0924's config.json that the adapter
+    # reads"); one of them gives torch_dtype float32, none gives another. Found by code search, no full copy.
+    "olmoe-1b-7b": dict(
+        model_type="olmoe", hidden_size=2048, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=16,
+        intermediate_size=1024, num_experts=64, num_experts_per_tok=8, norm_topk_prob=False,
+        output_router_logits=False, router_aux_loss_coef=0.01, clip_qkv=None, vocab_size=50304,
+        max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0, attention_bias=False,
+        attention_dropout=0.0, tie_word_embeddings=False, hidden_act="silu", dtype="float32",
+    ),
     # deepseek-ai/DeepSeek-V2-Lite: full config.json in inference-sim/inference-sim
     # model_configs/deepseek-v2-lite/config.json and AI-Hypercomputer/maxtext
     # src/MaxText/utils/ckpt_conversion/utils/hf_model_configs.py (deepseek2_16b_dict); mlc-ai/mlc-llm
@@ -340,6 +350,7 @@ HUB_IDS: dict[str, str] = {
     "facebook/opt-1.3b": "opt-1.3b",
     "bigscience/bloom-560m": "bloom-560m",
     "tiiuae/falcon-7b": "falcon-7b",
+    "allenai/OLMoE-1B-7B-0924": "olmoe-1b-7b",
 }
 
 
