@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from test_readme import commands, parse_all
 
 ROOT = Path(__file__).resolve().parents[1]

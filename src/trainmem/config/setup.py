@@ -320,20 +320,40 @@ ATTENTION_PARTS = ("attn", "attention")
 
 
 def default_lora_targets(spec: Any) -> list[str] | None:
-    """LoRA targets for a model peft has no default for (None where it has one, and peft chooses): the
+    """LoRA targets for a model peft has no usable default for (None where it has one, and peft chooses): the
     Linear layers of its attention blocks, found by module kind and name (`q_proj`/`k_proj`/`v_proj`/`o_proj`,
     `qkv_proj`, `query_key_value`, `c_attn`, ...), as peft's own defaults adapt attention; `all-linear` where
-    the model has no such layer. The output head is never a target."""
-    from peft.utils.constants import (
-        TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as defaults,
-    )
-
-    if spec.model_type in defaults:
+    the model has no such layer. The output head is never a target. A default that names no module of the
+    model is not usable: peft's Mixtral default names the per-expert `w1`/`w2`/`w3` Linears, which
+    transformers 5 fuses into 3-D expert weights."""
+    if _peft_default_works(spec):
         return None
     attention = sorted({name.rsplit(".", 1)[-1] for name, kind in spec.modules.items()
                         if kind in ("Linear", "Conv1D") and "lora_" not in name
                         and any(w in part.lower() for part in name.split(".")[:-1] for w in ATTENTION_PARTS)})
     return attention or ["all-linear"]
+
+
+_PEFT_DEFAULT: dict[str, bool] = {}
+
+
+def _peft_default_works(spec: Any) -> bool:
+    """Whether peft's own default targets adapt something in this model: asked of peft itself, on the model
+    built on the meta device (no memory), once per model config."""
+    key = f"{spec.name}:{sorted(spec.config.items())!r}"
+    if key not in _PEFT_DEFAULT:
+        import torch
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(spec.hf_config())
+            try:
+                get_peft_model(model, LoraConfig(r=1, task_type="CAUSAL_LM"))
+                _PEFT_DEFAULT[key] = True
+            except ValueError:  # no default for the model type, or one naming no module of it
+                _PEFT_DEFAULT[key] = False
+    return _PEFT_DEFAULT[key]
 
 
 def lora_targets_note(spec: Any, setup: TrainSetup) -> str | None:
@@ -342,7 +362,7 @@ def lora_targets_note(spec: Any, setup: TrainSetup) -> str | None:
         return None
     what = ("the Linear layers of its attention blocks" if setup.lora_targets != ["all-linear"]
             else "every Linear layer but the output head (it has no attention projections)")
-    return (f"LoRA targets: peft has no default for {spec.model_type} models; adapting {what}: "
+    return (f"LoRA targets: peft has no default for {spec.model_type} models that names their layers; adapting {what}: "
             f"{', '.join(setup.lora_targets)} (--lora-targets chooses others)")
 
 

@@ -21,8 +21,8 @@ from typing import Any
 from trainmem.config.setup import ESTIMATORS, TrainSetup, lora_targets_note
 from trainmem.config.specs import ModelSpec
 from trainmem.hardware import cuda
-from trainmem.version import stamp
 from trainmem.hardware.gpus import CATALOG, GPU, find_gpu
+from trainmem.version import stamp
 
 from .breakdown import ADVICE, Breakdown
 from .memory import allocator, analytic, runtime, sharded, sharding, states

@@ -155,8 +155,18 @@ class _StandIns:
         from trainmem.estimator.memory.simulate import sdpa_call
 
         F = torch.nn.functional
-        self.saved = (F.dropout, F.scaled_dot_product_attention)
+        self.saved = (F.dropout, F.scaled_dot_product_attention, F.grouped_mm)
         dropout, sdpa, count, flash = F.dropout, F.scaled_dot_product_attention, self.count, self.flash
+        grouped = F.grouped_mm
+
+        def counted_grouped_mm(a: torch.Tensor, b: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            # one launch forward, two backward (the input's and the weights' gradients); the FLOPs are the
+            # experts' share of the weights' (`timing.workload`)
+            out = grouped(a, b, *args, **kwargs)
+            count.launches += 1
+            if out.requires_grad:
+                out.register_hook(lambda grad: setattr(count, "launches", count.launches + 2))
+            return out
 
         def counted_dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
             if training and p > 0:
@@ -185,11 +195,11 @@ class _StandIns:
                 out.register_hook(lambda grad: count.attention.update({fused: 2 * flops}))
             return out
 
-        F.dropout, F.scaled_dot_product_attention = counted_dropout, counted_sdpa
+        F.dropout, F.scaled_dot_product_attention, F.grouped_mm = counted_dropout, counted_sdpa, counted_grouped_mm
 
     def __exit__(self, *exc: Any) -> None:
         F = torch.nn.functional
-        F.dropout, F.scaled_dot_product_attention = self.saved
+        F.dropout, F.scaled_dot_product_attention, F.grouped_mm = self.saved
 
 
 def _layers_key(spec: ModelSpec) -> str:

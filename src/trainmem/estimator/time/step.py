@@ -198,10 +198,16 @@ def workload(spec: ModelSpec, inv: Inventory, setup: TrainSetup, precision: str,
     block_frozen = block_train = 0
     head_params, head_train = vocab * hidden, False
     quantized = 0
+    experts_frozen = experts_train = 0.0
     train_elems: list[tuple[int, float]] = []
     for p in inv.params:
         if p.trainable:
             train_elems.append((p.numel, p.bytes_per))
+        if len(p.shape) == 3:  # a mixture of experts' fused weights: each token runs top-k of the experts
+            share = p.numel * _active_share(cfg, p.shape[0])
+            experts_train += share if p.trainable else 0.0
+            experts_frozen += 0.0 if p.trainable else share
+            continue
         if len(p.shape) != 2 or p.name in embeddings:
             continue
         if p.name == head_name:
@@ -214,6 +220,8 @@ def workload(spec: ModelSpec, inv: Inventory, setup: TrainSetup, precision: str,
             block_frozen += p.numel
     if head_name is None:  # tied: the head is the input embedding, trainable with it
         head_train = any(p.trainable for p in inv.params if p.name in embeddings)
+    block_frozen += experts_frozen
+    block_train += experts_train
     fwd = 2 * (block_frozen + block_train) + 2 * head_params
     bwd = 2 * block_frozen + 4 * block_train + (4 if head_train else 2) * head_params
     rec = ck * 2 * (block_frozen + block_train)
@@ -223,8 +231,9 @@ def workload(spec: ModelSpec, inv: Inventory, setup: TrainSetup, precision: str,
     flops["attention"] = sum(attention.values())
     flops["unaligned"] = counted.unaligned(b)  # part of forward, backward and recompute
     half = precision != "fp32" or setup.peft == "qlora"
+    # every expert's weights are read each pass: a batch of many tokens routes some to each of them
     weight_bytes = sum(p.numel * p.bytes_per for p in inv.params
-                       if len(p.shape) == 2 and p.name not in embeddings and not p.quantized)
+                       if len(p.shape) in (2, 3) and p.name not in embeddings and not p.quantized)
     weight_bytes += 0 if head_name else head_params * (2 if precision in ("fp16", "bf16") else 4)
     micro_bytes = {
         # every kernel that is not a matrix product: norms, activations, the loss, LoRA's, autocast's casts
@@ -253,6 +262,17 @@ def workload(spec: ModelSpec, inv: Inventory, setup: TrainSetup, precision: str,
     step_ops = PER_TENSOR_OPTIMIZERS.get(setup.optimizer, 0.0) * len(train_elems)
     return Workload(tokens * accum, accum, flops, half, attention, micro_bytes, {"optimizer": update}, pcie,
                     counted.launches, quant_calls, step_ops, update_8bit)
+
+
+TOP_K_FIELDS = ("num_experts_per_tok", "moe_topk", "top_k", "moe_k", "num_selected_experts")
+"""Config fields that name how many experts each token runs, across transformers' MoE families."""
+
+
+def _active_share(cfg: Any, experts: int) -> float:
+    """The fraction of a fused expert weight (`experts` x out x in) one token's products run: top-k of the
+    experts. Where the config names no top-k, every expert counts (an upper bound)."""
+    k = next((getattr(cfg, f) for f in TOP_K_FIELDS if isinstance(getattr(cfg, f, None), int)), None)
+    return min(k, experts) / experts if k else 1.0
 
 
 BYTES_8BIT_OPTIMIZERS = ("adamw-8bit", "paged-adamw-8bit")
