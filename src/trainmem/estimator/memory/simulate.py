@@ -99,14 +99,18 @@ class _GroupedMM(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None) -> torch.Tensor:
-        ctx.save_for_backward(a, b)
+        # autograd keeps an operand only for the other one's gradient: frozen experts (LoRA) keep no input
+        need_a, need_b = ctx.needs_input_grad[:2]
+        ctx.save_for_backward(a if need_b else None, b if need_a else None)
+        ctx.layout = (a.shape, a.dtype, b.shape, b.stride(), b.dtype)
         return a.new_empty((a.shape[0], b.shape[-1]))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        a, b = ctx.saved_tensors
-        grad_a = torch.empty_like(a) if ctx.needs_input_grad[0] else None
-        grad_b = torch.empty_like(b) if ctx.needs_input_grad[1] else None
+        a_shape, a_dtype, b_shape, b_stride, b_dtype = ctx.layout
+        grad_a = grad.new_empty(a_shape, dtype=a_dtype) if ctx.needs_input_grad[0] else None
+        grad_b = (torch.empty_strided(b_shape, b_stride, dtype=b_dtype, device=grad.device)
+                  if ctx.needs_input_grad[1] else None)
         return grad_a, grad_b, None
 
 
