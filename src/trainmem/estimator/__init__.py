@@ -27,9 +27,14 @@ from trainmem.version import stamp
 from .breakdown import ADVICE, Breakdown
 from .memory import allocator, analytic, runtime, sharded, sharding, states
 from .memory.simulate import model_builder, simulate_step, steady_start
+from .memory.values import UnknownValue
 from .time import step as timing
 
 METHODS = ESTIMATORS
+
+
+class EstimateError(RuntimeError):
+    """A model neither method can estimate: the one line says why (the CLI prints it, exit 1)."""
 
 
 def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str = "auto") -> Breakdown:
@@ -87,8 +92,22 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
             notes.append(f"the analytic method does not know {spec.name}'s modules ({e}): simulated instead")
             method = "simulate"
     reserved = None
+    simulated = None
     if method == "simulate":
-        memory, phase, terms, reserved = _simulate(spec, setup, precision, notes, runtime_card)
+        try:
+            simulated = _simulate(spec, setup, precision, notes, runtime_card)
+        except (UnknownValue, NotImplementedError) as e:  # the meta device cannot run this model's step
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            notes.append(f"the simulate method cannot run {spec.name}'s step on the meta device ({first}): "
+                         "estimated by the analytic method instead, which models fewer of CUDA's allocations")
+            try:
+                analytic.Traits.of(inv.model)
+            except ValueError as missing:
+                raise EstimateError(f"{spec.name}: neither method can estimate it: {first}; and the analytic "
+                                    f"method does not know its modules ({missing})") from None
+            method = "analytic"
+    if simulated is not None:
+        memory, phase, terms, reserved = simulated
         if card is not None and setup.optimizer != "paged-adamw-8bit":
             # the other method's reserved bytes, so that the verdict can say where the two disagree
             other = _analytic_reserved(inv, setup, precision, model_states, runtime_card)
@@ -309,4 +328,4 @@ def _replay(events: list[tuple[int, int]], steady: int | None, cap: int | None, 
     return replayed
 
 
-__all__ = ["estimate", "Breakdown", "METHODS", "ADVICE"]
+__all__ = ["estimate", "Breakdown", "EstimateError", "METHODS", "ADVICE"]

@@ -36,6 +36,7 @@ from trainmem.measure.train import PROBE_STEPS
 
 from . import autocast, quantized, states
 from .inplace import InPlace
+from .values import MetaValues
 
 
 class _FlashSDPA(torch.autograd.Function):
@@ -152,9 +153,11 @@ def _fused_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *ar
 
 
 @contextlib.contextmanager
-def cuda_choices(attention: str, flash: bool = True, inplace: InPlace | None = None) -> Iterator[None]:
+def cuda_choices(attention: str, flash: bool = True, inplace: InPlace | None = None,
+                 zeros: tuple[torch.Tensor, ...] = ()) -> Iterator[None]:
     """Patch what the meta device would do differently from CUDA, for the duration of a simulation (with
-    `inplace`, the recording ledger's: the math SDPA path's mask add is marked for it)."""
+    `inplace`, the recording ledger's: the math SDPA path's mask add is marked for it), and answer the values
+    a forward reads on the host where they are known (`values.MetaValues`; `zeros`: the dummy batch)."""
     import transformers.masking_utils as masking
 
     F = torch.nn.functional
@@ -167,7 +170,10 @@ def cuda_choices(attention: str, flash: bool = True, inplace: InPlace | None = N
         # packed-sequence detection reads position ids on the host, which meta tensors cannot do
         masking.find_packed_sequence_indices = lambda *a, **k: None
         F.grouped_mm = torch._grouped_mm = _grouped_mm
-        yield
+        with MetaValues() as known:
+            for t in zeros:
+                known.mark(t, 0)
+            yield
     finally:
         (F.scaled_dot_product_attention, F.dropout, masking.find_packed_sequence_indices, F.grouped_mm,
          torch._grouped_mm) = saved
@@ -318,7 +324,7 @@ def _steps(build: Callable[[TensorLedger], Any], setup: TrainSetup, amp: Any, le
     batch = {"input_ids": ids, "labels": ids}
     tokens = setup.grad_accum * setup.batch_size * (setup.seq_len - 1)
     final = StateBytes(0, 0, 0)
-    with cuda_choices(setup.attention, flash, ledger.inplace), ledger:
+    with cuda_choices(setup.attention, flash, ledger.inplace, zeros=(ids,)), ledger:
         for step in range(1, STEPS + 1):
             ledger.inplace.enabled = step > PROBE_STEPS
             for k in range(1, setup.grad_accum + 1):

@@ -242,7 +242,7 @@ def _trace(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU) -> _Tr
     train_mode(model, setup, amp)
     ids = torch.zeros((setup.batch_size, setup.seq_len), dtype=torch.long, device="meta")
     count = _Count()
-    with cuda_choices(setup.attention, card.flash), _StandIns(count, card.flash), _Casts(count), count:
+    with cuda_choices(setup.attention, card.flash, zeros=(ids,)), _StandIns(count, card.flash), _Casts(count), count:
         with autocast.region(amp):
             loss = micro_batch_loss(model, {"input_ids": ids, "labels": ids}, setup.batch_size * setup.seq_len)
         loss.backward()
