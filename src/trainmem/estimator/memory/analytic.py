@@ -39,6 +39,14 @@ class Traits:
     parallel_residual: bool
     dropout: float
     """Largest residual/attention dropout probability in the config (masks cost 1 byte per element)."""
+    experts: int = 0
+    """Experts of a mixture-of-experts layer (0: dense), whose weights are fused 3-D tensors."""
+    top_k: int = 0
+    """Experts each token runs."""
+    expert_ffn: int = 0
+    """One expert's FFN width."""
+    shared_ffn: int = 0
+    """The FFN width of the layer's shared (always-on) experts, together."""
 
     @classmethod
     def of(cls, model: Any) -> Traits:
@@ -65,7 +73,28 @@ class Traits:
             rotary=hasattr(base.model if hasattr(base, "model") else base, "rotary_emb")
             or any("rotary" in n for n, _ in base.named_modules()),
             parallel_residual=bool(getattr(cfg, "use_parallel_residual", False)),
-            dropout=dropout)
+            dropout=dropout, **_moe(base, cfg, h))
+
+
+def _moe(base: Any, cfg: Any, hidden: int) -> dict[str, int]:
+    """A mixture of experts' shape, from the first module holding fused 3-D expert weights (transformers 5's
+    experts: `gate_up_proj` or `up_proj`, and `down_proj`) and the shared experts' Linears beside it."""
+    from trainmem.estimator.time.step import TOP_K_FIELDS
+
+    for name, module in base.named_modules():
+        weights = [p for p in module.parameters(recurse=False) if p.dim() == 3]
+        if not weights:
+            continue
+        experts = weights[0].shape[0]
+        down = getattr(module, "down_proj", None)
+        width = (down.numel() if isinstance(down, torch.Tensor) else weights[-1].numel()) // (experts * hidden)
+        k = next((getattr(cfg, f) for f in TOP_K_FIELDS if isinstance(getattr(cfg, f, None), int)), experts)
+        layer = name.rsplit(".", 2)[0]
+        shared = sum(m.out_features for n, m in base.named_modules()
+                     if n.startswith(layer + ".") and "shared" in n and isinstance(m, torch.nn.Linear)
+                     and n.rsplit(".", 1)[-1] in ("up_proj", "w3", "c_fc", "fc1"))
+        return {"experts": experts, "top_k": min(k, experts), "expert_ffn": width, "shared_ffn": shared}
+    return {}
 
 
 def _first_layer(model: Any) -> torch.nn.Module:
@@ -112,13 +141,29 @@ def layer_saved(t: Traits, tokens: int, seq: int, e: int, r: int, eager: bool, l
         scores = e * t.heads * seq * T + 2 * e * (h - hkv) * T
     else:
         scores = 0
-    if t.gated_mlp:
+    if t.experts:
+        mlp = _experts_saved(t, T, e, frozen)
+    elif t.gated_mlp:
         mlp = (3 if frozen else 4) * e * i * T  # gate, SiLU(gate), up (+ their product for a trainable down)
     else:
         mlp = (1 if frozen else 2) * e * i * T  # the GELU input (+ its output for a trainable fc_out)
     masks = int(3 * h * T + (t.heads * seq * T if eager else 0)) if t.dropout > 0 else 0
     lora = 5 * lora_in * T  # peft casts each adapter's input to fp32 (4) and drops out (1-byte mask)
     return norms + qkv + attn_out + lse + scores + mlp + masks + lora
+
+
+def _experts_saved(t: Traits, T: int, e: int, frozen: bool) -> int:
+    """Bytes a mixture-of-experts layer saves, as transformers' grouped experts run it (`grouped_mm`): every
+    token-expert pair is a row, S = top-k x tokens, whatever the routing. The router's logits and fp32
+    probabilities; the gated up projection's output and the activation of its gate (3 x S x FFN); the down
+    projection's masked output, which the routing weights multiply (S x hidden); the sort's indices. Trainable
+    experts also keep each product's input for their weight gradients (S x hidden, S x FFN). Shared experts
+    are a dense gated MLP over every token."""
+    S = t.top_k * T
+    routed = (3 if frozen else 4) * e * t.expert_ffn * S + (1 if frozen else 2) * e * t.hidden * S
+    router = (e + 4) * t.experts * T + 24 * S
+    shared = (3 if frozen else 4) * e * t.shared_ffn * T
+    return routed + router + shared
 
 
 @dataclass(frozen=True)
