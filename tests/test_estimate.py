@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+import trainmem
 from trainmem import ModelSpec, SetupError, TrainSetup, estimate
 from trainmem.estimator.memory import analytic, quantized, states
 from trainmem.hardware.gpus import CATALOG
@@ -336,8 +337,10 @@ def test_estimate_says_which_versions_its_kernel_model_was_validated_on(monkeypa
     from trainmem.estimator.memory import runtime
 
     b = estimate("tiny-llama", TrainSetup(batch_size=2, seq_len=32), "analytic")
-    assert b.env == {"torch": torch.__version__, "transformers": transformers.__version__,
+    stamp = {k: b.env[k] for k in ("trainmem", "commit", "dirty", "utc")}  # where and when it was made
+    assert b.env == {"torch": torch.__version__, "transformers": transformers.__version__, **stamp,
                      "validated_on": {"torch": "2.11", "transformers": "5.17"}} == b.to_result().env
+    assert stamp["utc"].endswith("+00:00") and stamp["trainmem"] == trainmem.__version__
     assert runtime.version_note({"torch": "2.11.0+cu130", "transformers": "5.17.0"}) is None
     assert runtime.version_note({"torch": "2.13.0+cpu", "transformers": "5.17.0"}).startswith(
         "installed torch 2.13.0+cpu: the kernel memory model was validated on torch 2.11 + transformers 5.17 (H200")

@@ -53,6 +53,9 @@ class Traits:
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         cfg = base.config
         layer = _first_layer(base)
+        if any(isinstance(m, torch.nn.Conv1d) for m in base.modules()):
+            raise ValueError("state-space or convolution layers beside attention (a hybrid), which the "
+                             "closed form has no terms for")
         linears = {n: m for n, m in layer.named_modules() if isinstance(m, torch.nn.Linear) and "lora_" not in n}
         names = " ".join(linears)
         h = int(getattr(cfg, "hidden_size", None) or cfg.n_embd)
