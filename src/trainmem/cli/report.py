@@ -37,7 +37,7 @@ def main(args: argparse.Namespace) -> int:
         raise SetupError([f"FILE.jsonl: {e}"]) from None
     console = Console()
     if not plots.available():
-        console.print(f"[yellow]{plots.MISSING}[/yellow]")
+        console.print(plots.MISSING, style="yellow", markup=False)  # not markup: [report] is text
     for name, path in written.items():
         console.print(f"{name}: {path}", highlight=False)
     return 0
