@@ -85,6 +85,9 @@ FILES: dict[str, str] = {
     "layers-text.json": json.dumps({**LLAMA, "num_hidden_layers": "two"}),
     "layers-float.json": json.dumps({**LLAMA, "num_hidden_layers": 2.5}),
     "eps-text.json": json.dumps({**LLAMA, "rms_norm_eps": "small"}),
+    "kv-heads.json": json.dumps({**LLAMA, "num_key_value_heads": 3}),
+    "act-unknown.json": json.dumps({**LLAMA, "hidden_act": "swish99"}),
+    "pad-past-vocab.json": json.dumps({**LLAMA, "pad_token_id": 99999}),
     "dropout-inf.json": json.dumps({**LLAMA, "attention_dropout": float("inf")}),
     "broken.json": "{not json",
     # accepted
@@ -246,23 +249,29 @@ REFUSED = [
     ("config-gemma3", ["estimate", "--model", "{gemma3.json}", *FAST],
      "--model: {gemma3.json}: AutoModelForCausalLM builds Gemma3ForConditionalGeneration from Gemma3Config"),
     ("config-layers-neg", ["estimate", "--model", "{layers-neg.json}", *FAST],
-     "--model: {layers-neg.json}: num_hidden_layers must be a whole number >= 1, got -2"),
+     "--model: {layers-neg.json}: num_hidden_layers must be a whole number from 1 to 2**31 - 1, got -2"),
     ("config-hidden-zero", ["estimate", "--model", "{hidden-zero.json}", *FAST],
-     "--model: {hidden-zero.json}: hidden_size must be a whole number >= 1, got 0"),
+     "--model: {hidden-zero.json}: hidden_size must be a whole number from 1 to 2**31 - 1, got 0"),
     ("config-vocab-neg", ["estimate", "--model", "{vocab-neg.json}", *FAST],
-     "--model: {vocab-neg.json}: vocab_size must be a whole number >= 1, got -3"),
+     "--model: {vocab-neg.json}: vocab_size must be a whole number from 1 to 2**31 - 1, got -3"),
     ("config-heads-zero", ["estimate", "--model", "{heads-zero.json}", *FAST],
-     "--model: {heads-zero.json}: num_attention_heads must be a whole number >= 1, got 0"),
+     "--model: {heads-zero.json}: num_attention_heads must be a whole number from 1 to 2**31 - 1, got 0"),
     ("config-mlp-zero", ["estimate", "--model", "{mlp-zero.json}", *FAST],
      "--model: {mlp-zero.json}: intermediate_size must be"),
     ("config-gpt2-layers", ["estimate", "--model", "{gpt2-layers-zero.json}", *FAST],
-     "--model: {gpt2-layers-zero.json}: n_layer must be a whole number >= 1, got 0"),
+     "--model: {gpt2-layers-zero.json}: n_layer must be a whole number from 1 to 2**31 - 1, got 0"),
     ("config-layers-text", ["estimate", "--model", "{layers-text.json}", *FAST],
-     "--model: {layers-text.json}: num_hidden_layers must be a whole number >= 1, got 'two'"),
+     "--model: {layers-text.json}: num_hidden_layers must be a whole number from 1 to 2**31 - 1, got 'two'"),
     ("config-layers-float", ["estimate", "--model", "{layers-float.json}", *FAST],
-     "--model: {layers-float.json}: num_hidden_layers must be a whole number >= 1, got 2.5"),
+     "--model: {layers-float.json}: num_hidden_layers must be a whole number from 1 to 2**31 - 1, got 2.5"),
     ("config-eps-text", ["estimate", "--model", "{eps-text.json}", *FAST],
      "--model: {eps-text.json}: transformers {tv} refuses it as a LlamaConfig: "),
+    ("config-kv-heads", ["estimate", "--model", "{kv-heads.json}", *FAST],
+     "--model: {kv-heads.json}: num_attention_heads (4) is not a multiple of num_key_value_heads (3)"),
+    ("config-act-unknown", ["estimate", "--model", "{act-unknown.json}", *FAST],
+     "--model: {act-unknown.json}: transformers {tv} cannot build the model from this config: KeyError: 'swish99'"),
+    ("config-pad-past-vocab", ["estimate", "--model", "{pad-past-vocab.json}", *FAST],
+     "--model: {pad-past-vocab.json}: transformers {tv} cannot build the model from this config: AssertionError"),
     ("config-dropout-inf", ["estimate", "--model", "{dropout-inf.json}", *FAST],
      "--model: {dropout-inf.json}: attention_dropout must be a probability in [0, 1], got inf"),
     ("config-broken", ["estimate", "--model", "{broken.json}", *FAST], "--model: cannot read config '{broken.json}'"),
@@ -563,3 +572,14 @@ def test_markup_in_user_text_is_printed_as_it_is(capsys, paths, monkeypatch, tmp
     sample = os.path.join(os.path.dirname(__file__), "data", "chapter-sample.jsonl")
     code, out, _ = cli(capsys, ["report", sample, "--out", str(tmp_path)])
     assert code == 0 and "pip install 'trainmem[report]'" in out
+
+
+def test_run_says_whether_it_fit_the_card_or_the_cap_first(capsys):
+    run = ["run", *TINY, "--device", "cpu", "--no-isolate", "--steps", "1", "--seq-len", "8", "--batch-size", "1",
+           "--num-samples", "1"]
+    _, out, _ = cli(capsys, [*run, "--gpu", "T4"])
+    assert re.match(r"fits T4: ran 1 step under its cap and needs \d+\.\d GiB of 14\.8 .*free beyond the 2% margin", out)
+    code, out, _ = cli(capsys, [*run, "--gpu", "T4", "--memory-cap", "2MiB"])
+    assert code == 0 and out.startswith("does not fit the 2 MiB cap: out of memory in step1.")
+    _, out, _ = cli(capsys, run)
+    assert out.startswith("ran: 1/1 steps on the cpu")

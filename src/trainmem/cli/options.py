@@ -145,5 +145,6 @@ def verdict_card(setup: TrainSetup) -> str | GPU | None:
     cap = setup.memory_cap
     if cap is None or card is not None and card.capacity <= cap:
         return card.name if card is not None else None
-    size = f"{cap / 2**30:.1f} GiB" if cap >= 2**30 else f"{cap / 2**20:.0f} MiB"
-    return dataclasses.replace(card or CATALOG["H200"], name=f"{size} cap", capacity=cap, aliases=())
+    from trainmem.output.render import cap_size
+
+    return dataclasses.replace(card or CATALOG["H200"], name=f"{cap_size(cap)} cap", capacity=cap, aliases=())

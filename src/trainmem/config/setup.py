@@ -263,6 +263,9 @@ class TrainSetup:
         return []
 
     def _model_problems(self, spec: Any) -> list[str]:
+        unbuildable = spec.build_problem()
+        if unbuildable:
+            return [unbuildable]
         out: list[str] = []
         max_pos = spec.max_positions
         if max_pos is not None and isinstance(self.seq_len, int) and self.seq_len > max_pos:

@@ -178,6 +178,19 @@ class ModelSpec:
         return (sum(p.numel() for p in model.parameters()), {n: type(m).__name__ for n, m in modules.items()},
                 shapes, next((n for n, m in modules.items() if m is head), None))
 
+    def build_problem(self) -> str | None:
+        """Why transformers cannot build this model (on the meta device: no memory) although it loads the config:
+        an activation it does not know, a padding id past the vocabulary, a RoPE type it lacks; None if it can."""
+        from transformers import __version__
+
+        try:
+            self._meta
+        except Exception as e:  # whatever the model's __init__ raises
+            reason = " ".join(str(e).split()) or type(e).__name__
+            return (f"--model: {self.name}: transformers {__version__} cannot build the model from this config: "
+                    f"{type(e).__name__}: {reason}")
+        return None
+
     @property
     def parameter_count(self) -> int:
         """Parameters as `model.parameters()` counts them (tied embeddings once), from a meta-device model."""
@@ -243,8 +256,8 @@ class ModelSpec:
 
 POSITIVE = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
             "intermediate_size", "vocab_size", "max_position_embeddings")
-"""Model dimensions that must be whole numbers >= 1 where a config sets them (read through the config class's
-`attribute_map`, so GPT-2's n_layer is num_hidden_layers)."""
+"""Model dimensions that must be whole numbers from 1 to 2**31 - 1 (beyond, tensor sizes overflow) where a config
+sets them, under the config class's names for them (`attribute_map`: GPT-2's n_layer is num_hidden_layers)."""
 
 
 def causal_config(config: Any, name: str) -> dict[str, Any]:
@@ -271,8 +284,8 @@ def causal_config(config: Any, name: str) -> dict[str, Any]:
     for attr in POSITIVE:  # before transformers divides by one of them
         key = names.get(attr, attr)
         value = config.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            problems.append(f"{where}: {key} must be a whole number >= 1, got {value!r}")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**31):
+            problems.append(f"{where}: {key} must be a whole number from 1 to 2**31 - 1, got {value!r}")
     for key, value in config.items():  # a dropout the model cannot apply fails at its first forward
         if (("dropout" in key or key.endswith("pdrop")) and isinstance(value, (int, float))
                 and not isinstance(value, bool) and not 0 <= value <= 1):
@@ -299,6 +312,10 @@ def causal_config(config: Any, name: str) -> dict[str, Any]:
         raise SetupError([f"{where}: AutoModelForCausalLM builds {mapped.__name__} from {cls}, a multimodal model "
                           "whose vision parts trainmem does not model; for the text model alone, save its "
                           f"text_config as a config.json with model_type {text_type!r}"])
+    heads, groups = getattr(hf, "num_attention_heads", None), getattr(hf, "num_key_value_heads", None)
+    if isinstance(heads, int) and isinstance(groups, int) and groups > 0 and heads % groups:
+        raise SetupError([f"{where}: num_attention_heads ({heads}) is not a multiple of num_key_value_heads "
+                          f"({groups}): each key/value head serves a whole number of query heads"])
     if _needs_is_decoder(mapped) and getattr(hf, "is_decoder", False) is not True:
         raise SetupError([f"{where}: {cls} is an encoder; {mapped.__name__} trains it as a causal language model "
                           "only with \"is_decoder\": true in the config: set it, or pick a decoder model"])

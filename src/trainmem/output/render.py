@@ -70,6 +70,11 @@ def routine(note: str) -> bool:
     return any(part in note for part in ROUTINE_NOTES)
 
 
+def cap_size(n: int) -> str:
+    """A cap as a user would write it: 12.0 GiB, 500 MiB."""
+    return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / MiB:.0f} MiB"
+
+
 def _gb(n: int) -> str:
     return f"{n / GiB:.1f}"
 
@@ -101,20 +106,35 @@ def headline(r: Result) -> Text:
                     f"{r.peak_phase}, {r.method} estimate; for a verdict pass --gpu NAME (T4, RTX-4090, A100-80GB, "
                     "...) or --memory-cap SIZE")
     card = find_gpu(s["gpu"]) if s.get("gpu") else None
-    if card is not None and r.status == "oom":
-        where = f" in {r.oom['phase']}" if r.oom else ""
-        return Text(f"does not fit {card.name}: out of memory{where} under its cap; `trainmem estimate` with the "
+    cap = s.get("memory_cap")
+    overhead = card.overhead(s["attention"], s["precision"], s["peft"]) if card is not None else 0
+    steps = f"ran {r.steps_done} step{'s' if r.steps_done != 1 else ''}"
+    if cap is not None and (card is None or cap < card.capacity - overhead):  # the cap binds, not the card
+        name = f"the {cap_size(cap)} cap"
+        if r.status == "oom":
+            return Text(f"does not fit {name}: out of memory{_in(r)}; `trainmem estimate` with the same flags "
+                        "says what to cut first", style="red")
+        if r.status == "ok":
+            return Text(f"fits {name}: {steps} with at most {size(r.memory['peak_reserved'])} reserved",
+                        style="green")
+    elif card is not None and r.status == "oom":
+        return Text(f"does not fit {card.name}: out of memory{_in(r)} under its cap; `trainmem estimate` with the "
                     "same flags says what to cut first", style="red")
-    if card is not None and r.status == "ok":
-        need = r.memory["peak_reserved"] + card.overhead(s["attention"], s["precision"], s["peft"])
+    elif card is not None and r.status == "ok":
+        need = r.memory["peak_reserved"] + overhead
         free = card.budget(0.02) - need
-        word = "fits" if free >= 0 else "fits tightly"
-        return Text(f"{word} {card.name}: ran {r.steps_done} steps under its cap and needs {_gb(need)} GiB of "
-                    f"{_gb(card.capacity)} (peak reserved + the {card.name}'s memory outside the allocator), "
-                    f"{_gb(max(free, card.capacity - need))} GiB free", style="green" if free >= 0 else "yellow")
+        said = (f"{_gb(free)} GiB free beyond the 2% margin" if free >= 0 else
+                f"{_gb(card.capacity - need)} GiB free, less than the 2% margin")
+        return Text(f"fits {card.name}{' tightly' if free < 0 else ''}: {steps} under its cap and needs {_gb(need)} "
+                    f"GiB of {_gb(card.capacity)} (peak reserved + the {card.name}'s memory outside the allocator), "
+                    f"{said}", style="green" if free >= 0 else "yellow")
     status = {"ok": "ran", "oom": "ran out of memory", "error": "failed"}.get(r.status, r.status)
     return Text(f"{status}: {r.steps_done}/{s['steps']} steps on the {r.env.get('gpu') or s['device']}, peak "
                 f"{size(r.memory['peak_allocated'])} allocated", style="red" if r.status != "ok" else "")
+
+
+def _in(r: Result) -> str:
+    return f" in {r.oom['phase']}" if r.oom else ""
 
 
 def result_tables(r: Result, phases: bool = False, verbose: bool = False) -> list[Any]:
