@@ -126,6 +126,9 @@ def paths(tmp_path_factory):
     (root / "[red]x[").mkdir()  # a folder, so that the path holds a closing tag: .../[red]x[/red].yaml
     (root / "[red]x[" / "red].yaml").write_text("model: tiny-gpt-neox\nbatch_size: 4.7\n")
     out["bracketed.yaml"] = str(root / "[red]x[" / "red].yaml")
+    (root / "m[").mkdir()
+    (root / "m[" / "b].json").write_text(json.dumps(LLAMA))
+    out["bracketed.json"] = str(root / "m[" / "b].json")  # .../m[/b].json: a closing tag with no opening one
     os.chmod(root / "locked.txt", 0)
     os.chmod(root / "ckpt-true.yaml", 0o644)
     locked_yaml = root / "locked.yaml"
@@ -583,3 +586,13 @@ def test_run_says_whether_it_fit_the_card_or_the_cap_first(capsys):
     assert code == 0 and out.startswith("does not fit the 2 MiB cap: out of memory in step1.")
     _, out, _ = cli(capsys, run)
     assert out.startswith("ran: 1/1 steps on the cpu")
+
+
+def test_a_model_path_with_markup_in_it_is_printed_as_it_is(capsys, paths):
+    model = ["--model", paths["bracketed.json"], "--seq-len", "32", "--gpu", "T4"]
+    for argv in (["estimate", *model, *FAST], ["max-batch", *model],
+                 ["plan", *model, "--target-batch", "4", "--allow", "none", "--finalists", "0"],
+                 ["run", *model, "--device", "cpu", "--steps", "1", "--batch-size", "1", "--num-samples", "1",
+                  "--no-isolate"]):
+        code, out, err = cli(capsys, argv)
+        assert code == 0 and "m[/b].json" in out.replace("\n", ""), (argv[0], err)

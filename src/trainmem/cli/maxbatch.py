@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 
 from trainmem.output.render import json_line, print_max_batch
 from trainmem.search.maxbatch import RunFailed, max_batch, problems
@@ -45,7 +46,7 @@ def main(args: argparse.Namespace) -> int:
     spec, setup = options.setup_from_args(args, found)
     console = Console(stderr=args.json)
     try:
-        answer = max_batch(spec, setup, margin, target, args.estimator, searching=console.status)
+        answer = max_batch(spec, setup, margin, target, args.estimator, searching=lambda text: console.status(escape(text)))
     except RunFailed as e:
         raise SystemExit(f"trainmem max-batch: {e}") from None
     if args.json:

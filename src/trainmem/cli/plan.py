@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rich.markup import escape
+
 from trainmem.output.render import json_line, plan_console, print_confirmed, print_plan
 from trainmem.search.plan import DEFAULT_ALLOW, DIMENSIONS, FINALISTS, TOP, make_plan
 
@@ -44,7 +46,7 @@ def main(args: argparse.Namespace) -> int:
     wanted, flags = read_flags(vars(args))  # with the preset's flags and, with CUDA, --gpu this card
     spec, base = options.setup_from_args(argparse.Namespace(**flags), default=None)
     console = plan_console(stderr=args.json)
-    plan = make_plan(spec, base, **wanted, searching=console.status,
+    plan = make_plan(spec, base, **wanted, searching=lambda text: console.status(escape(text)),
                      confirmed=lambda setup, entry: print_confirmed(setup, entry, console))
     if args.json:
         sys.stdout.write(json_line(plan.to_dict()) + "\n")
