@@ -596,3 +596,37 @@ def test_a_model_path_with_markup_in_it_is_printed_as_it_is(capsys, paths):
                   "--no-isolate"]):
         code, out, err = cli(capsys, argv)
         assert code == 0 and "m[/b].json" in out.replace("\n", ""), (argv[0], err)
+
+
+# --- a table of mistypes for every field, in a file and as a flag ----------------------------------------
+MISTYPED = [None, True, 0, -1, 2.5, float("nan"), float("inf"), "", "[red]x[/red]", [], {"a": 1}, 10**30]
+MISTYPED_TEXT = ["x", "", "-1", "0", "nan", "inf", "9" * 20, "[red]x[/red]", "1.5", "/"]
+
+
+def _named(problems: list[str], field: str) -> bool:
+    flag = "--" + field.replace("_", "-")
+    return any(p.startswith((flag + ":", flag + " ", f"--config: {field} in ")) for p in problems)
+
+
+@pytest.mark.parametrize("field", [f.name for f in __import__("dataclasses").fields(
+    __import__("trainmem").TrainSetup)], ids=lambda f: f"{f}-field")  # not bare `gpu`: conftest's GPU marker
+def test_every_yaml_field_mistyped(capsys, tmp_path, field):
+    """Each mistyped value of each field is either a setup that runs or refused with the field named."""
+    import yaml
+
+    for value in MISTYPED:
+        path = tmp_path / "setup.yaml"
+        path.write_text(yaml.safe_dump({"model": "tiny-gpt-neox", field: value}))
+        code, _, err = cli(capsys, ["estimate", "--config", str(path), *FAST, "--json"])
+        assert code in (0, 2), (field, value, err)
+        assert code == 0 or _named(problem_lines(err, "estimate"), field), (field, value, err)
+
+
+@pytest.mark.parametrize("flag", list(__import__("trainmem.cli.options", fromlist=["x"]).SETUP_FLAGS))
+def test_every_flag_mistyped(capsys, flag):
+    """Each mistyped text of each setup flag is either a setup that runs or refused with the flag named."""
+    for text in MISTYPED_TEXT:
+        code, out, err = cli(capsys, ["estimate", *TINY, f"{flag}={text}", *FAST, "--json"])
+        assert code in (0, 2), (flag, text, err)
+        assert code == 0 or _named(problem_lines(err, "estimate"), flag[2:].replace("-", "_")), (flag, text, err)
+        assert "NaN" not in out and "Infinity" not in out
