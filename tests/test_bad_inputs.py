@@ -432,11 +432,14 @@ def test_keyboard_interrupt_in_process(capsys, monkeypatch):
 
 
 def test_ctrl_c_of_a_running_estimate_exits_130_without_a_traceback():
-    p = subprocess.Popen([sys.executable, "-m", "trainmem.cli", "estimate", "--model", "llama-3.2-1b", "--method",
-                          "simulate", "--gpu", "T4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(3)  # past Python's own imports, into the command
-    if p.poll() is None:
-        p.send_signal(signal.SIGINT)
+    """SIGINT to a process in the middle of a slow estimate (a 1B model simulated). It is sent once the process
+    has imported trainmem and entered `main`: Ctrl-C during Python's own imports is Python's."""
+    code = ("import sys, trainmem.cli; print('ready', flush=True); sys.exit(trainmem.cli.main(['estimate', "
+            "'--model', 'llama-3.2-1b', '--method', 'simulate', '--gpu', 'T4']))")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline() == "ready\n"
+    time.sleep(1)
+    p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=120)
     assert "Traceback" not in err
     assert p.returncode == 130 and err.strip().endswith("trainmem estimate: interrupted"), err
@@ -525,7 +528,7 @@ def test_third_party_warnings_are_filtered_unless_verbose(capsys, monkeypatch):
     real, heard = trainmem.estimator.estimate, []
 
     def noisy(*args, **kwargs):
-        warnings.warn("a torch UserWarning", UserWarning)
+        warnings.warn("a torch UserWarning", UserWarning, stacklevel=1)
         heard.append(logging.getLogger("transformers.modeling_utils").isEnabledFor(logging.WARNING))
         return real(*args, **kwargs)
 
@@ -630,3 +633,19 @@ def test_every_flag_mistyped(capsys, flag):
         assert code in (0, 2), (flag, text, err)
         assert code == 0 or _named(problem_lines(err, "estimate"), flag[2:].replace("-", "_")), (flag, text, err)
         assert "NaN" not in out and "Infinity" not in out
+
+
+def test_tight_says_what_to_cut_and_fits_does_not():
+    from trainmem.output.render import headline
+    from trainmem.result import Result
+
+    GiB = 2**30
+    verdict = {"gpu": "T4", "fits": False, "level": "tight", "headroom": -GiB // 10, "need": int(14.45 * GiB),
+               "capacity": int(14.75 * GiB), "margin": 0.02, "advice": "activations: add --checkpointing",
+               "runtime": "T4"}
+    row = Result(kind="estimate", status="ok", setup={}, model={}, verdict=verdict)
+    assert str(headline(row)) == ("fits T4 tightly: needs 14.4 GiB of 14.8, 0.3 GiB free, less than the 2% margin; "
+                                  "cut first: activations: add --checkpointing")
+    fits = {**verdict, "level": "fits", "fits": True, "headroom": 4 * GiB, "need": 10 * GiB}
+    assert str(headline(Result(kind="estimate", status="ok", setup={}, model={}, verdict=fits))) == (
+        "fits T4: needs 10.0 GiB of 14.8, 4.0 GiB free beyond the 2% margin")

@@ -184,7 +184,7 @@ class ModelSpec:
         from transformers import __version__
 
         try:
-            self._meta
+            _ = self._meta  # built (and cached) here, or the reason it cannot be
         except Exception as e:  # whatever the model's __init__ raises
             reason = " ".join(str(e).split()) or type(e).__name__
             return (f"--model: {self.name}: transformers {__version__} cannot build the model from this config: "
