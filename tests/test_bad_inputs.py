@@ -554,7 +554,7 @@ def test_version(capsys):
 
 
 def test_help_speaks_of_no_seed_or_chapter_but_the_preset_that_defines_it(capsys):
-    for command in ("run", "estimate", "plan", "max-batch", "verify-accumulation"):
+    for command in ("run", "estimate", "plan", "max-batch", "verify-accumulation", "sweep"):
         _, out, _ = cli(capsys, [command, "--help"])
         text = " ".join(out.split()).replace("random seed", "").replace("learning rate, seed,", "")
         text = text.replace("--seed X", "").replace("[--seed X]", "")
@@ -591,7 +591,7 @@ def test_run_says_whether_it_fit_the_card_or_the_cap_first(capsys):
     assert out.startswith("ran: 1/1 steps on the cpu")
 
 
-def test_a_model_path_with_markup_in_it_is_printed_as_it_is(capsys, paths):
+def test_a_model_path_with_markup_in_it_is_printed_as_it_is(capsys, paths, tmp_path):
     model = ["--model", paths["bracketed.json"], "--seq-len", "32", "--gpu", "T4"]
     for argv in (["estimate", *model, *FAST], ["max-batch", *model],
                  ["plan", *model, "--target-batch", "4", "--allow", "none", "--finalists", "0"],
@@ -599,6 +599,9 @@ def test_a_model_path_with_markup_in_it_is_printed_as_it_is(capsys, paths):
                   "--no-isolate"]):
         code, out, err = cli(capsys, argv)
         assert code == 0 and "m[/b].json" in out.replace("\n", ""), (argv[0], err)
+    code, _, err = cli(capsys, ["sweep", "--model", paths["bracketed.json"], "--seq-len", "32", "--batch-size", "1,2",
+                                "--method", "estimate", "--estimator", "analytic", "--out", str(tmp_path / "rows.jsonl")])
+    assert code == 0 and "m[/b].json b2 none estimate: ok" in err, err
 
 
 # --- a table of mistypes for every field, in a file and as a flag ----------------------------------------
