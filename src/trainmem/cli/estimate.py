@@ -1,6 +1,7 @@
 """Predict the memory of a setup on a CUDA GPU without one, and say whether it fits a card.
 
-Takes exactly the setup flags of `trainmem run`; `--method analytic|simulate|auto` picks how.
+Takes exactly the setup flags of `trainmem run` (`--model` is required); `--method analytic|simulate|auto`
+picks how. The first line is the answer: whether it fits `--gpu` (or `--memory-cap`) and what to cut first.
 """
 
 from __future__ import annotations
@@ -9,16 +10,17 @@ import argparse
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 
 from trainmem.errors import SetupError
-from trainmem.output.render import print_result
+from trainmem.output.render import json_line, print_result
 from trainmem.result import out_problems
 
 from . import options
 
 
 def register(p: argparse.ArgumentParser) -> None:
-    options.add_setup_arguments(p)
+    options.add_setup_arguments(p, model_required=True)
     options.add_estimator(p, "--method", "auto", " (default auto: simulate where it models the setup, analytic otherwise)")
     options.add_margin(p)
     options.add_output(p, "the result object")
@@ -31,20 +33,20 @@ def main(args: argparse.Namespace) -> int:
 
     problems: list[str] = []
     margin = options.margin(args, problems)
-    spec, setup = options.setup_from_args(args, problems)
+    spec, setup = options.setup_from_args(args, problems, default=None)
     console = Console(stderr=args.json)
     if setup.gpu is None and setup.device != "cpu":
         from trainmem.hardware.gpus import this_card
 
         here = this_card()  # with CUDA, --gpu left out means the card this runs on
         setup = setup.replace(gpu=here) if here else setup
-    with console.status(f"estimating {spec.name}..."):
+    with console.status(f"estimating {escape(spec.name)}..."):
         breakdown = estimate(spec, setup, args.method)
-    result = breakdown.to_result(setup.gpu, margin)
+    result = breakdown.to_result(options.verdict_card(setup), margin)  # type: ignore[arg-type]
     for note in result.append_to(args.out) if args.out else []:
         Console(stderr=True).print(f"warning: {note}", style="yellow", markup=False, soft_wrap=True)
     if args.json:
-        sys.stdout.write(result.to_json() + "\n")
+        sys.stdout.write(json_line(result.to_dict()) + "\n")
     else:
-        print_result(result, console)
+        print_result(result, console, verbose=args.verbose)
     return 0

@@ -9,12 +9,12 @@ the measured bytes when it is not; see `trainmem.search.maxbatch`); without, the
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 
-from trainmem.output.render import print_max_batch
+from trainmem.output.render import json_line, print_max_batch
 from trainmem.search.maxbatch import RunFailed, max_batch, problems
 
 from . import options
@@ -46,11 +46,11 @@ def main(args: argparse.Namespace) -> int:
     spec, setup = options.setup_from_args(args, found)
     console = Console(stderr=args.json)
     try:
-        answer = max_batch(spec, setup, margin, target, args.estimator, searching=console.status)
+        answer = max_batch(spec, setup, margin, target, args.estimator, searching=lambda text: console.status(escape(text)))
     except RunFailed as e:
         raise SystemExit(f"trainmem max-batch: {e}") from None
     if args.json:
-        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.write(json_line(answer) + "\n")
     else:
         print_max_batch(answer, target, console)
     return 0 if answer["batch"] else 1

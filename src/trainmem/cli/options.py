@@ -9,6 +9,8 @@ then `--config FILE.yaml`, then flags given on the command line.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from collections.abc import Callable
 
 from trainmem.config.setup import (
     ATTENTIONS,
@@ -19,9 +21,9 @@ from trainmem.config.setup import (
     PRECISIONS,
     TrainSetup,
 )
-from trainmem.config.sources import load_setup
+from trainmem.config.sources import default_model, load_setup
 from trainmem.config.specs import PRESETS, ModelSpec
-from trainmem.hardware.gpus import margin_problem
+from trainmem.hardware.gpus import CATALOG, GPU, find_gpu, margin_problem
 
 # flag -> (TrainSetup field, help)
 SETUP_FLAGS: dict[str, tuple[str, str]] = {
@@ -39,14 +41,16 @@ SETUP_FLAGS: dict[str, tuple[str, str]] = {
     "--lr-batch": ("lr_batch", "the effective batch --lr was tuned for (warns when this setup's differs)"),
     "--attention": ("attention", f"{'|'.join(ATTENTIONS)} (default auto: sdpa where the model's transformers class supports it, else eager)"),
     "--steps": ("steps", "optimizer steps (default 3; step 2 is the first steady one)"),
-    "--labels": ("labels", "dummy labels: random (the seed) | copy"),
-    "--num-samples": ("num_samples", "dummy samples (default 64, as the seed)"),
+    "--labels": ("labels", "dummy labels: random (independent token ids, default) | copy (labels = inputs)"),
+    "--num-samples": ("num_samples", "dummy samples (default 64)"),
     "--data": ("data", "local .txt or .jsonl file to train on instead of dummy data"),
     "--data-mode": ("data_mode", "pad | pack (for --data)"),
     "--device": ("device", "auto | cuda | cpu"),
     "--gpu": ("gpu", "the card to fit (T4, A100-40GB, H100-80GB, ...); run emulates it: memory capped at its usable memory, "
              "its cuBLAS workspace and SDPA kernels (the host's context and timings stay the host's)"),
-    "--memory-cap": ("memory_cap", "cap memory to this many bytes (e.g. 12GiB)"),
+    "--memory-cap": ("memory_cap", "SIZE, e.g. 12GiB: run lets the allocator reserve at most SIZE; estimate judges "
+                     "the setup against a card of SIZE in total with the --gpu card's runtime figures (memory outside "
+                     "the allocator, kernels), else the H200's; with --gpu too, against the smaller"),
     "--seed": ("seed", "random seed (default 0)"),
     "--gpus": ("gpus", "data-parallel GPUs (default 1; run: CPU processes over gloo with --device cpu, or one rank with --rank)"),
     "--shard": ("shard", "none|ddp|zero1|zero2|zero3|fsdp: how states spread over --gpus (run: ddp, fsdp; estimate simulates fsdp)"),
@@ -60,11 +64,14 @@ ALIASES = {"--grad-accum": ["--gradient-accumulation-steps"], "--checkpointing":
 FIELDS = [name for name, _ in SETUP_FLAGS.values()]
 
 
-def add_setup_arguments(p: argparse.ArgumentParser) -> None:
-    """`--model`, `--config`, `--training-args` and one flag per setup field, all read as text."""
+def add_setup_arguments(p: argparse.ArgumentParser, model_required: bool = False) -> None:
+    """`--model`, `--config`, `--training-args` and one flag per setup field, all read as text. `model_required`:
+    the help says so (the check is `load_setup`'s, with the other problems)."""
+    default = ("required, or `model:` in --config" if model_required else
+               "default: EleutherAI/polyglot-ko-1.3b on a GPU, tiny-gpt-neox on the CPU")
     p.add_argument("--model", default=None,
                    help=f"preset ({', '.join(PRESETS)}), config.json, local model folder, or hub id org/name[@rev] "
-                        "(its config.json is fetched, never weights; default: EleutherAI/polyglot-ko-1.3b on a GPU, tiny-gpt-neox on the CPU)")
+                        f"(its config.json is fetched, never weights; {default})")
     p.add_argument("--config", default=None, metavar="FILE.yaml", help="setup fields from a YAML file")
     p.add_argument("--training-args", default=None, metavar="FILE.json",
                    help="TrainingArguments fields as JSON (args.to_json_string()): batch, accumulation, "
@@ -105,15 +112,39 @@ def margin(args: argparse.Namespace, problems: list[str]) -> float:
     """`--margin` as a fraction; a bad one is added to `problems`."""
     try:
         value = float(args.margin)
-    except ValueError:
+    except (TypeError, ValueError):
         value = -1.0
     if margin_problem(value):
         problems.append(f"--margin: expected a fraction in [0, 1), got {args.margin!r}")
     return value
 
 
-def setup_from_args(args: argparse.Namespace, problems: list[str] | None = None) -> tuple[ModelSpec, TrainSetup]:
+def setup_from_args(args: argparse.Namespace, problems: list[str] | None = None,
+                    default: Callable[[], str] | None = default_model) -> tuple[ModelSpec, TrainSetup]:
     """Spec and validated setup from parsed flags; raises one SetupError with every problem, `problems`
-    (the command's own options) included."""
-    return load_setup(args.model, given_values(args), args.config, getattr(args, "training_args", None),
-                      problems)
+    (the command's own options) included. `default`: the model where neither --model nor --config names one
+    (None: a problem); `args.default_model` says whether it was taken."""
+    taken: list[str] = []
+
+    def fallback() -> str:
+        taken.append(default())  # type: ignore[misc]
+        return taken[-1]
+
+    try:
+        return load_setup(args.model, given_values(args), args.config, getattr(args, "training_args", None),
+                          problems, fallback if default is not None else None)
+    finally:
+        args.default_model = taken[-1] if taken else None
+
+
+def verdict_card(setup: TrainSetup) -> str | GPU | None:
+    """What `estimate` judges the setup against: the --gpu card; with --memory-cap, a card of that capacity with
+    the --gpu card's runtime figures, else the H200's (where they were measured), the smaller where both are
+    given. None: no verdict."""
+    card = find_gpu(setup.gpu) if setup.gpu else None
+    cap = setup.memory_cap
+    if cap is None or card is not None and card.capacity <= cap:
+        return card.name if card is not None else None
+    from trainmem.output.render import cap_size
+
+    return dataclasses.replace(card or CATALOG["H200"], name=f"{cap_size(cap)} cap", capacity=cap, aliases=())

@@ -4,17 +4,17 @@ Searches micro-batch x accumulation reaching --target-batch exactly, checkpointi
 --allow opens (peft: full/LoRA/QLoRA; optimizer: the AdamW family; precision: what the card runs) on the
 analytic estimate; keeps what fits --gpu (fits or tight), ranks by the step-time model, confirms the fastest
 with the simulate method, and prints the winner's `trainmem run` command and `TrainingArguments`.
-`--preset chapter` asks the seed chapter's question: polyglot-ko-1.3b, sequence 256, fp16, effective batch 16,
-LoRA/QLoRA and checkpointing allowed. `--confirm` (CUDA) runs the winner and the runner-up for real.
+`--preset` fills in a known question's flags. `--confirm` (CUDA) runs the winner and the runner-up for real.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from trainmem.output.render import plan_console, print_confirmed, print_plan
+from rich.markup import escape
+
+from trainmem.output.render import json_line, plan_console, print_confirmed, print_plan
 from trainmem.search.plan import DEFAULT_ALLOW, DIMENSIONS, FINALISTS, TOP, make_plan
 
 from . import options
@@ -24,8 +24,8 @@ from .plan_flags import read_flags
 def register(p: argparse.ArgumentParser) -> None:
     options.add_setup_arguments(p)
     p.add_argument("--target-batch", metavar="N", help="the effective batch (samples per optimizer step) to reach exactly")
-    p.add_argument("--preset", help="chapter: the seed chapter's model, sequence, precision and effective batch 16, "
-                   "with peft and checkpointing allowed")
+    p.add_argument("--preset", help="chapter: the tutorial chapter trainmem grew from: polyglot-ko-1.3b fine-tuned on "
+                   "a T4 (sequence 256, fp16, effective batch 16, with peft and checkpointing allowed)")
     p.add_argument("--allow", default=None, metavar="LIST",
                    help=f"what the search may change besides micro-batch x accumulation: comma list of "
                         f"{', '.join(DIMENSIONS)}, or none (default {','.join(DEFAULT_ALLOW)})")
@@ -44,12 +44,12 @@ def register(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     wanted, flags = read_flags(vars(args))  # with the preset's flags and, with CUDA, --gpu this card
-    spec, base = options.setup_from_args(argparse.Namespace(**flags))
+    spec, base = options.setup_from_args(argparse.Namespace(**flags), default=None)
     console = plan_console(stderr=args.json)
-    plan = make_plan(spec, base, **wanted, searching=console.status,
+    plan = make_plan(spec, base, **wanted, searching=lambda text: console.status(escape(text)),
                      confirmed=lambda setup, entry: print_confirmed(setup, entry, console))
     if args.json:
-        sys.stdout.write(json.dumps(plan.to_dict()) + "\n")
+        sys.stdout.write(json_line(plan.to_dict()) + "\n")
     else:
         print_plan(plan, console, wanted["allow"])
     return 0 if plan.options else 1

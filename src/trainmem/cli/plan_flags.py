@@ -3,6 +3,7 @@ problem reported at once, and the setup flags a `--preset` fills in."""
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 from trainmem.errors import SetupError
@@ -15,6 +16,8 @@ from trainmem.search.plan import (
     TOP,
     confirm_problem,
 )
+
+from .options import margin
 
 PRESETS = ("chapter",)
 
@@ -30,16 +33,19 @@ def preset_flags(name: str | None) -> dict[str, str]:
             "target_batch": "16", "allow": "peft,checkpointing"}
 
 
-def _number(problems: list[str], flag: str, text: str | None, kind: type, low: float = 1) -> Any:
+def _number(problems: list[str], flag: str, text: str | None, kind: type, low: float = 1,
+            high: float = 2**63 - 1) -> Any:
+    """A flag's text as a `kind` number in [low, high], finite; else None and its problem."""
     if text is None:
         return None
     try:
         value = kind(text)
-        if value < low:
+        if not (low <= value <= high):  # NaN fails both comparisons
             raise ValueError
         return value
-    except ValueError:
-        problems.append(f"{flag}: expected a {'whole ' if kind is int else ''}number >= {low}, got {text!r}")
+    except (TypeError, ValueError, OverflowError):
+        what = f"{'whole ' if kind is int else ''}number from {low:g} to {high:g}"
+        problems.append(f"{flag}: expected a {what}, got {text!r}")
         return None
 
 
@@ -76,15 +82,15 @@ def read_flags(given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         problems.append("--epochs and --dataset-size go together (or give --tokens)")
     if tokens is not None and epochs is not None:
         problems.append("--tokens: give either --tokens or --epochs with --dataset-size, not both")
-    out = {"allow": allow, "target": _number(problems, "--target-batch", flags.get("target_batch"), int),
-           "tokens": _number(problems, "--tokens", tokens, int),
-           "epochs": _number(problems, "--epochs", epochs, float, 0.001),
-           "dataset_size": _number(problems, "--dataset-size", dataset, int),
+    # the job's tokens and time must stay finite floats: 1e18 tokens is a million times today's largest runs
+    out = {"allow": allow, "target": _number(problems, "--target-batch", flags.get("target_batch"), int,
+                                             high=2**31 - 1),
+           "tokens": _number(problems, "--tokens", tokens, int, high=10**18),
+           "epochs": _number(problems, "--epochs", epochs, float, 0.001, 10**6),
+           "dataset_size": _number(problems, "--dataset-size", dataset, int, high=10**12),
            "top": _number(problems, "--top", flags.get("top", str(TOP)), int),
            "finalists": _number(problems, "--finalists", flags.get("finalists", str(FINALISTS)), int, 0),
-           "margin": _number(problems, "--margin", flags.get("margin", "0.02"), float, 0)}
-    if out["margin"] is not None and out["margin"] >= 1:
-        problems.append(f"--margin: expected a fraction in [0, 1), got {flags.get('margin')!r}")
+           "margin": margin(argparse.Namespace(margin=flags.get("margin", "0.02")), problems)}
     confirming = confirm_problem() if flags.get("confirm") else None
     problems += [confirming] if confirming else []
     if problems:

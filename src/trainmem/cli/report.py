@@ -43,7 +43,7 @@ def main(args: argparse.Namespace) -> int:
                                    soft_wrap=True)
     console = Console()
     if not plots.available():
-        console.print(f"[yellow]{plots.MISSING}[/yellow]")
+        console.print(plots.MISSING, style="yellow", markup=False)  # not markup: [report] is text
     for name, path in written.items():
         console.print(f"{name}: {path}", highlight=False)
     return 0

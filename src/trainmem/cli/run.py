@@ -1,6 +1,7 @@
 """Train a setup for a few real steps and measure its memory phase by phase.
 
-Each experiment runs in a fresh process; an out-of-memory is a result (status oom), not a crash.
+Each experiment runs in a fresh process; an out-of-memory is a result (status oom), not a crash. With --gpu
+the first line says whether the setup fits that card.
 """
 
 from __future__ import annotations
@@ -9,10 +10,11 @@ import argparse
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 
 from trainmem.errors import SetupError
 from trainmem.isolation.runner import run
-from trainmem.output.render import print_result
+from trainmem.output.render import json_line, print_result
 from trainmem.result import out_problems
 
 from . import options
@@ -30,23 +32,27 @@ def main(args: argparse.Namespace) -> int:
         raise SetupError(out_problems(args.out))
     spec, setup = options.setup_from_args(args)
     console = Console(stderr=args.json)
-    with console.status(f"training {spec.name} ({spec.source}) for {setup.steps} steps..."):
+    with console.status(f"training {escape(spec.name)} ({spec.source}) for {setup.steps} steps..."):
         result = run(spec, setup, isolate=not args.no_isolate)
     for note in result.append_to(args.out) if args.out else []:
         Console(stderr=True).print(f"warning: {note}", style="yellow", markup=False, soft_wrap=True)
     if args.json:
-        sys.stdout.write(result.to_json() + "\n")
+        sys.stdout.write(json_line(result.to_dict()) + "\n")
     else:
-        print_result(result, console, phases=args.phases)
-        if spec.source in ("preset", "config") and args.model is None and setup.resolved_device() == "cpu":
-            console.print(f"[dim]No GPU here: ran the tiny preset {spec.name} on the CPU. On a GPU the default "
-                          "is the seed's EleutherAI/polyglot-ko-1.3b; pass --model to choose.[/dim]")
-            _seed_estimate(console)
+        print_result(result, console, phases=args.phases, verbose=args.verbose)
+    if args.default_model:
+        cpu = setup.resolved_device() == "cpu"
+        Console(stderr=args.json).print(
+            f"no --model: ran {'the tiny preset ' if cpu else ''}{args.default_model} on the {'CPU' if cpu else 'GPU'}, "
+            "the default there (EleutherAI/polyglot-ko-1.3b on a GPU, tiny-gpt-neox on the CPU); pass --model to "
+            "choose", style="dim", markup=False, highlight=False)
+        if cpu and not args.json:
+            _chapter_estimate(console)
     return 0 if result.status in ("ok", "oom") else 1
 
 
-def _seed_estimate(console: Console) -> None:
-    """What a user learns without a GPU: the seed's run estimated for the chapter's card."""
+def _chapter_estimate(console: Console) -> None:
+    """What a user learns without a GPU: the tutorial chapter's run estimated for its card."""
     from trainmem.config.setup import TrainSetup
     from trainmem.estimator import estimate
     from trainmem.output.render import size

@@ -1,9 +1,9 @@
 """Run or estimate a grid of setups, one result row per point, appended to a JSONL file as each finishes.
 
 Any setup flag of `trainmem run` may be a comma list (`--batch-size 4,8,16 --peft none,lora`); `--grid
-FILE.yaml` maps fields to lists; `--preset chapter` is the seed chapter's seven runs. Points already in
-`--out` are skipped with `--resume` (error rows too, unless `--retry-errors`), points whose estimate is far
-over `--gpu` unless `--force`. One sweep at a time writes an `--out`; Ctrl-C or SIGTERM keeps the rows made.
+FILE.yaml` maps fields to lists; `--preset` names a known grid. Points already in `--out` are skipped with
+`--resume` (error rows too, unless `--retry-errors`), points whose estimate is far over `--gpu` unless `--force`.
+One sweep at a time writes an `--out`; Ctrl-C or SIGTERM keeps the rows made.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from . import options
 def register(p: argparse.ArgumentParser) -> None:
     options.add_setup_arguments(p)
     p.add_argument("--grid", metavar="FILE.yaml", help="a YAML mapping of setup field -> list of values")
-    p.add_argument("--preset", help=f"{'|'.join(PRESETS)}: chapter = the seed chapter's seven runs on polyglot-ko-1.3b")
+    p.add_argument("--preset", help=f"{'|'.join(PRESETS)}: chapter = the seven runs of the tutorial chapter trainmem grew "
+                   "from: polyglot-ko-1.3b fine-tuned on a T4")
     p.add_argument("--method", default=None, help=f"{'|'.join(METHODS)} (default both with CUDA, estimate without)")
     options.add_estimator(p, "--estimator", "auto", ": how estimates are made (default auto)")
     p.add_argument("--out", default="trainmem-out/sweep.jsonl", metavar="FILE.jsonl",
@@ -64,15 +65,15 @@ def main(args: argparse.Namespace) -> int:
     sweep.points = points
     console = Console(stderr=True)
     for note in sweep.notes():
-        console.print(f"[yellow]{note}[/yellow]")
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console.print(note, style="yellow", markup=False)
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("ETA"), TimeRemainingColumn())
     with Progress(*columns, console=console) as progress:
         task = progress.add_task("sweep", total=len(points))
         counts = sweep.run(
             starting=lambda label: progress.update(task, description=label),
-            made=lambda label, row: progress.console.print(sweep_line(label, row), highlight=False),
+            made=lambda label, row: progress.console.print(sweep_line(label, row), highlight=False, markup=False),
             point_done=lambda: progress.advance(task),
             warn=lambda text: progress.console.print(text, style="yellow", markup=False, soft_wrap=True))
-    console.print(sweep.summary(), highlight=False, soft_wrap=True)
+    console.print(sweep.summary(), highlight=False, soft_wrap=True, markup=False)
     return 1 if counts["error"] else 0

@@ -1,8 +1,8 @@
-"""Prove that gradient accumulation gives the full batch's gradient (and that the seed's rule does not).
+"""Prove that gradient accumulation gives the full batch's gradient (and that the naive loss rule does not).
 
 Computes the gradient of --full-batch samples in one batch, then accumulated over micro-batches of
---micro-batch samples, with trainmem's token-weighted loss and with the seed's naive one, in float64
-on the CPU. Exits 0 when trainmem's gradient matches to 1e-10 relative (1e-5 in float32), 1 otherwise.
+--micro-batch samples, with trainmem's token-weighted loss and with the naive mean of micro-batch means, in
+float64 on the CPU. Exits 0 when trainmem's gradient matches to 1e-10 relative (1e-5 in float32), 1 otherwise.
 The model, --peft, --data, --seq-len and --checkpointing flags shape what is verified; --batch-size,
 --grad-accum, --precision and the optimizer flags are accepted but unused (the batch and dtype flags
 below decide). Without --model (or --config) it verifies tiny-gpt-neox, on a GPU machine too.
@@ -11,10 +11,10 @@ below decide). Without --model (or --config) it verifies tiny-gpt-neox, on a GPU
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from trainmem.measure.verify import (
@@ -23,6 +23,7 @@ from trainmem.measure.verify import (
     VerifyReport,
     verify_accumulation,
 )
+from trainmem.output.render import json_line
 
 from . import options
 
@@ -42,7 +43,7 @@ def register(p: argparse.ArgumentParser) -> None:
 
 def print_report(r: VerifyReport, console: Console) -> None:
     """The accumulation check in words: per group, trainmem's error next to the naive rule's, then the verdict."""
-    console.print(f"[bold]{r.model.get('name')}[/bold]  {r.setup.get('peft')}, {r.dtype}, full batch "
+    console.print(f"[bold]{escape(str(r.model.get('name')))}[/bold]  {r.setup.get('peft')}, {r.dtype}, full batch "
                   f"{r.full_batch} = {r.micro_batches} micro-batches of {r.micro_batch} "
                   f"(label tokens {', '.join(map(str, r.label_tokens))})")
     table = Table(title="||g_acc - g_full|| / ||g_full||", show_edge=False)
@@ -69,11 +70,11 @@ def main(args: argparse.Namespace) -> int:
     spec, setup = options.setup_from_args(args)
     device = "cpu" if setup.device == "auto" else setup.device
     console = Console(stderr=args.json)
-    with console.status(f"comparing gradients of {spec.name}..."):
+    with console.status(f"comparing gradients of {escape(spec.name)}..."):
         report = verify_accumulation(spec, setup, args.full_batch, args.micro_batch,
                                      args.dtype, device, args.dropout)
     if args.json:
-        sys.stdout.write(json.dumps(report.to_dict()) + "\n")
+        sys.stdout.write(json_line(report.to_dict()) + "\n")
     else:
         print_report(report, console)
     return 0 if report.passed else 1

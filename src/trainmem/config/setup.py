@@ -7,6 +7,8 @@ Validation collects every problem and raises one `SetupError`, each line naming 
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -192,16 +194,21 @@ class TrainSetup:
                 out.append(f"--{flag}: {value!r} is not one of {', '.join(allowed)}")
 
         for flag, value in (("batch-size", self.batch_size), ("grad-accum", self.grad_accum),
-                            ("seq-len", self.seq_len), ("steps", self.steps),
-                            ("num-samples", self.num_samples), ("lora-r", self.lora_r)):
-            if not isinstance(value, int) or value < 1:
+                            ("seq-len", self.seq_len), ("steps", self.steps), ("num-samples", self.num_samples),
+                            ("lora-r", self.lora_r), ("lora-alpha", self.lora_alpha), ("gpus", self.gpus),
+                            ("lr-batch", 1 if self.lr_batch is None else self.lr_batch)):
+            if not _whole(value) or value < 1:
                 out.append(f"--{flag}: must be a whole number >= 1, got {value!r}")
-        if not 0 <= self.lora_dropout < 1:
-            out.append(f"--lora-dropout: must be in [0, 1), got {self.lora_dropout}")
-        if self.lr <= 0:
-            out.append(f"--lr: must be > 0, got {self.lr}")
-        if self.lr_batch is not None and (not isinstance(self.lr_batch, int) or self.lr_batch < 1):
-            out.append(f"--lr-batch: must be a whole number >= 1, got {self.lr_batch!r}")
+            elif value > MAX_WHOLE:
+                out.append(f"--{flag}: {value} is out of range; at most {MAX_WHOLE} (2**31 - 1)")
+        if not isinstance(self.checkpointing, bool):
+            out.append(f"--checkpointing: must be true or false, got {self.checkpointing!r}")
+        if not _finite(self.lora_dropout) or not 0 <= self.lora_dropout < 1:
+            out.append(f"--lora-dropout: must be in [0, 1), got {self.lora_dropout!r}")
+        if not _finite(self.lr) or self.lr <= 0:
+            out.append(f"--lr: must be a finite number > 0, got {self.lr!r}")
+        if not _whole(self.seed) or not -2**63 <= self.seed < 2**64:
+            out.append(f"--seed: must be a whole number torch can seed with (-2**63 to 2**64 - 1), got {self.seed!r}")
         choice("peft", self.peft, PEFTS)
         choice("precision", self.precision, PRECISIONS)
         choice("optimizer", self.optimizer, OPTIMIZERS)
@@ -212,36 +219,53 @@ class TrainSetup:
         choice("engine", self.engine, ENGINES)
         choice("shard", self.shard, SHARDS)
         choice("offload", self.offload, OFFLOADS)
-        if not isinstance(self.gpus, int) or self.gpus < 1:
-            out.append(f"--gpus: must be a whole number >= 1, got {self.gpus!r}")
-        elif self.gpus > 1 and self.shard == "none":
+        if _whole(self.gpus) and self.gpus > 1 and self.shard == "none":
             out.append(f"--gpus {self.gpus}: say how states are spread with --shard ddp|zero1|zero2|zero3|fsdp")
         if self.offload != "none" and self.shard not in ("zero1", "zero2", "zero3", "fsdp"):
             out.append(f"--offload {self.offload}: needs --shard zero1|zero2|zero3|fsdp")
         if self.offload == "params" and self.shard not in ("zero3", "fsdp"):
             out.append("--offload params: only ZeRO-3 and FSDP shard (and so can offload) parameters")
         out.extend(self._rank_problems())
-        if self.gpu is not None and gpu_problem(self.gpu):
+        if self.gpu is not None and not isinstance(self.gpu, str):
+            out.append(f"--gpu: expected a card name, got {self.gpu!r}")
+        elif self.gpu is not None and gpu_problem(self.gpu):
             out.append(gpu_problem(self.gpu))  # type: ignore[arg-type]
         elif self.gpu is not None:
             out += _card_problems(find_gpu(self.gpu), self.precision)  # type: ignore[arg-type]
-        if self.memory_cap is not None and self.memory_cap < 1:
-            out.append(f"--memory-cap: must be a positive number of bytes, got {self.memory_cap}")
-        if self.peft == "none" and self.lora_targets:
+        if self.memory_cap is not None and (not _whole(self.memory_cap) or self.memory_cap < 1):
+            out.append(f"--memory-cap: must be a positive number of bytes, got {self.memory_cap!r}")
+        if self.lora_targets is not None and (not isinstance(self.lora_targets, list) or not self.lora_targets
+                                              or not all(isinstance(t, str) and t for t in self.lora_targets)):
+            out.append(f"--lora-targets: expected module names (e.g. q_proj,v_proj or all-linear), got "
+                       f"{self.lora_targets!r}; leave it out for the defaults")
+        elif self.peft == "none" and self.lora_targets:
             out.append("--lora-targets: given with --peft none; add --peft lora or drop --lora-targets")
-        if self.data is not None:
-            p = Path(self.data)
-            if not p.is_file():
-                out.append(f"--data: no such file {self.data!r}")
-            elif p.suffix not in (".txt", ".jsonl"):
-                out.append(f"--data: {self.data!r} must be a .txt (a sample per line) or .jsonl file")
-        elif self.data_mode != "pad":
-            out.append("--data-mode: only applies to --data files; drop it or pass --data")
+        out += self._data_problems()
         if spec is not None:
             out += self._model_problems(spec)
         return out
 
+    def _data_problems(self) -> list[str]:
+        """`--data`: a readable .txt or .jsonl file; `--data-mode` only with it."""
+        if self.data is None:
+            return [] if self.data_mode == "pad" else ["--data-mode: only applies to --data files; drop it or pass --data"]
+        if not isinstance(self.data, str) or not self.data.strip():
+            return [f"--data: expected a file name, got {self.data!r}"]
+        p = Path(self.data)
+        if p.is_dir():
+            return [f"--data: {self.data!r} is a folder; pass a .txt (a sample per line) or .jsonl file"]
+        if not p.is_file():
+            return [f"--data: no such file {self.data!r}"]
+        if p.suffix not in (".txt", ".jsonl"):
+            return [f"--data: {self.data!r} must be a .txt (a sample per line) or .jsonl file"]
+        if not os.access(p, os.R_OK):
+            return [f"--data: {self.data!r} cannot be read (permission denied)"]
+        return []
+
     def _model_problems(self, spec: Any) -> list[str]:
+        unbuildable = spec.build_problem()
+        if unbuildable:
+            return [unbuildable]
         out: list[str] = []
         max_pos = spec.max_positions
         if max_pos is not None and isinstance(self.seq_len, int) and self.seq_len > max_pos:
@@ -253,6 +277,8 @@ class TrainSetup:
                     for p in _card_problems(card, "bf16")]
         if self.peft in ("lora", "qlora") and self.lora_targets and self.lora_targets != ["all-linear"]:
             out += _target_problems(spec, self.lora_targets)
+        if self.peft in ("lora", "qlora") and _whole(self.lora_r) and 1 <= self.lora_r <= MAX_WHOLE:
+            out += _rank_bound_problems(spec, self.lora_r, self.lora_targets)
         if self.attention in ATTENTIONS[1:] and self.attention not in spec.attentions:
             from transformers import __version__
 
@@ -269,9 +295,11 @@ class TrainSetup:
         if self.rank is None:
             return []
         out: list[str] = []
-        if self.gpus < 2 or self.shard != "fsdp":
+        if not _whole(self.gpus) or self.gpus < 2 or self.shard != "fsdp":
             out.append(f"--rank {self.rank}: emulates one rank of a sharded run; needs --gpus N (N >= 2) and "
                        "--shard fsdp")
+        if not _whole(self.gpus):
+            return out
         if self.rank != "all":
             try:
                 r = int(self.rank)
@@ -309,6 +337,19 @@ class TrainSetup:
             targets = default_lora_targets(spec)
             out = out.replace(lora_targets=targets) if targets else out
         return out
+
+
+MAX_WHOLE = 2**31 - 1
+"""The largest count a setup takes (batch, sequence, steps, rank, GPUs): the largest int32, beyond which tensor
+sizes and process-group ranks overflow."""
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 ADAPTABLE = ("Linear", "Conv1D", "Embedding", "Conv1d", "Conv2d", "Conv3d", "MultiheadAttention")
@@ -379,6 +420,33 @@ def _target_problems(spec: Any, targets: list[str]) -> list[str]:
     return [f"--lora-targets: {spec.name} has no adaptable module named {', '.join(map(repr, missing))}"
             + ("; the model would have no trainable parameters" if none_left else "")
             + f"; its layers that LoRA can adapt: {', '.join(adaptable)} (or all-linear)"]
+
+
+def _rank_bound_problems(spec: Any, r: int, targets: list[str] | None) -> list[str]:
+    """`--lora-r` above the smallest dimension of a layer it adapts: a rank-r product A @ B of that layer's
+    shape has rank min(rows, cols) at most, so a larger r only adds parameters. The layers are the targets
+    given, else those trainmem or peft picks for the architecture (`default_lora_targets`), else every Linear
+    (as `all-linear`)."""
+    from peft.utils.constants import (
+        TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as defaults,
+    )
+
+    names = targets or default_lora_targets(spec) or defaults.get(spec.model_type)
+    names = None if names == ["all-linear"] else names
+    shapes = {n: shape for n, shape in spec.weight_shapes.items() if spec.modules.get(n) in ADAPTABLE}
+    if names:
+        adapted = {n: shape for n, shape in shapes.items() if any(n == t or n.endswith("." + t) for t in names)}
+    else:
+        adapted = {n: shape for n, shape in shapes.items()
+                   if spec.modules[n] in ("Linear", "Conv1D") and n != spec.output_embedding}
+    if not adapted:
+        return []
+    name, shape = min(adapted.items(), key=lambda item: min(item[1]))
+    if r <= min(shape):
+        return []
+    return [f"--lora-r: {r} is more than the smallest dimension of the layers it adapts ({min(shape)}: "
+            f"{name} is {' x '.join(map(str, shape))}); a rank above it only adds parameters: use "
+            f"--lora-r {min(shape)} or less"]
 
 
 def _card_problems(card: Any, precision: str) -> list[str]:

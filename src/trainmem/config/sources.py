@@ -8,9 +8,10 @@ the problems of the setup itself, in one SetupError. The CLI (`trainmem.cli.opti
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import fields
-from typing import Any
+from typing import Any, Callable
 
 from trainmem.errors import SetupError
 
@@ -20,34 +21,107 @@ from .specs import ModelSpec
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
 KINDS: dict[str, str] = {
-    "batch_size": "int", "grad_accum": "int", "seq_len": "int", "lora_r": "int", "lora_alpha": "int",
-    "lora_dropout": "float", "lora_targets": "list", "lr": "float", "lr_batch": "int", "steps": "int",
-    "num_samples": "int", "memory_cap": "bytes", "seed": "int", "gpus": "int", "rank": "rank",
+    "batch_size": "int", "grad_accum": "int", "seq_len": "int", "checkpointing": "bool", "lora_r": "int",
+    "lora_alpha": "int", "lora_dropout": "float", "lora_targets": "list", "lr": "float", "lr_batch": "int",
+    "steps": "int", "num_samples": "int", "memory_cap": "bytes", "seed": "int", "gpus": "int", "rank": "rank",
+    "gpu": "name", "model": "name",
 }
 """How a given value becomes its field's type (fields not named here are text)."""
+
+OPTIONAL = {f.name for f in fields(TrainSetup) if f.default is None} | {"model"}
+"""Fields whose default is None: a file may set them to null (the default); any other field needs a value."""
+
+_EXPECTED = {"int": "a whole number", "float": "a finite number", "bool": "true or false", "list":
+             "a list of module names", "rank": "a rank number or all", "name": "a name", "text": "text"}
 
 
 def parse_bytes(text: str) -> int:
     """'12GiB', '300MB', '4096' -> bytes."""
-    m = re.fullmatch(r"\s*([\d.]+)\s*([a-zA-Z]*)\s*", str(text))
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS:
         raise ValueError(f"{text!r} is not a size like 12GiB, 500MB or 4096")
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
-def convert(kind: str, text: Any) -> Any:
-    """A given value (text or already typed) as the type `kind` names; ValueError/TypeError if it is not one."""
+def convert(kind: str, value: Any) -> Any:
+    """A given value as the type `kind` names; ValueError (its message says what was expected) if it is not one.
+
+    Text (a flag, or a string in a file) is parsed as a flag is. A typed value (YAML, JSON, Python) must
+    already be of the kind: a bool is no number (`batch_size: true`), a float no whole number (`4.7`), a
+    number or `"no"` no bool. An int where a name is expected becomes its digits: YAML reads `gpu: 4090`
+    as a number, and the card meant is the 4090. Floats must be finite (`nan`, `inf` name no setting).
+    """
+    def wrong() -> ValueError:
+        hint = (" (YAML reads yes/no/on/off as true/false: quote the word)"
+                if isinstance(value, bool) and kind in ("text", "name") else "")
+        return ValueError(f"expected {_EXPECTED.get(kind, 'text')}, got {_shown(value)}{hint}")
+
+    text = value.strip() if isinstance(value, str) else None
     if kind == "int":
-        return int(text)
-    if kind == "rank":
-        return int(text) if str(text).strip().isdigit() else str(text).strip()
+        if text is not None:
+            try:
+                return int(text)
+            except ValueError:
+                raise wrong() from None
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise wrong()
     if kind == "float":
-        return float(text)
+        try:
+            number = float(text) if text is not None else None
+        except ValueError:
+            number = None
+        if number is None and isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = float(value)
+        if number is None or not math.isfinite(number):
+            raise wrong()
+        return number
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        if text is not None and text.lower() in ("true", "false"):
+            return text.lower() == "true"
+        raise wrong()
+    if kind == "rank":
+        if text is not None:
+            return int(text) if text.lstrip("-").isdigit() else text
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise wrong()
     if kind == "list":
-        return [t.strip() for t in str(text).split(",") if t.strip()] if not isinstance(text, list) else text
+        if text is not None:
+            return [t.strip() for t in text.split(",") if t.strip()]
+        if isinstance(value, (list, tuple)) and all(isinstance(t, str) for t in value):
+            return [t.strip() for t in value]
+        raise wrong()
     if kind == "bytes":
-        return parse_bytes(text) if not isinstance(text, int) else text
-    return text
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and math.isfinite(value):
+            return int(value)
+        if text is None:
+            raise ValueError(f"{_shown(value)} is not a size like 12GiB, 500MB or 4096")
+        return parse_bytes(text)
+    if kind == "name" and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if text is None:
+        raise wrong()
+    return value
+
+
+def _shown(value: Any) -> str:
+    """A value as the user wrote it in a file: null, true/false, numbers bare, text quoted."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+TRAINING_ARGUMENTS = {"per_device_train_batch_size": "int", "gradient_accumulation_steps": "int",
+                      "gradient_checkpointing": "bool", "bf16": "bool", "fp16": "bool", "optim": "text",
+                      "learning_rate": "float", "seed": "int", "max_steps": "int"}
+"""The TrainingArguments fields a setup is read from, and their kinds."""
 
 
 def read_training_arguments(path: str) -> dict[str, Any]:
@@ -55,88 +129,132 @@ def read_training_arguments(path: str) -> dict[str, Any]:
 
     The values are read into a plain namespace rather than a `TrainingArguments`, whose checks would
     fail for settings this machine cannot run (bf16 without a GPU) although they can be estimated.
+    Raises SetupError naming every bad field, OSError/ValueError for a file that cannot be read.
     """
     import json
     from types import SimpleNamespace
 
     from transformers import TrainingArguments
 
-    with open(path) as f:
+    with open(path, encoding="utf-8") as f:
         loaded = json.load(f)
     if not isinstance(loaded, dict):
-        raise ValueError("the top level must be an object of TrainingArguments fields")
+        raise ValueError(f"the top level must be an object of TrainingArguments fields, not {_json_kind(loaded)}")
     defaults = {f.name: f.default for f in fields(TrainingArguments)}
     unknown = sorted(set(loaded) - set(defaults))
-    if unknown:
-        raise ValueError(f"unknown TrainingArguments field(s) {', '.join(map(repr, unknown))}")
+    problems = [f"--training-args: unknown TrainingArguments field {k!r} in {path}" for k in unknown]
+    for name, kind in TRAINING_ARGUMENTS.items():
+        if name in loaded:
+            try:
+                loaded[name] = convert(kind, loaded[name])
+            except ValueError as e:
+                problems.append(f"--training-args: {name} in {path}: {e}")
+    if problems:
+        raise SetupError(problems)
     return training_arguments_values(SimpleNamespace(**{**defaults, **loaded}))
 
 
+def _json_kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number")
+
+
 def default_model() -> str:
-    """The seed's model where it can run (a CUDA machine); the tiny preset on the CPU."""
+    """The default model of `trainmem run`: polyglot-ko-1.3b where it can run (a CUDA machine), the tiny
+    preset on the CPU."""
     import torch
 
     return "EleutherAI/polyglot-ko-1.3b" if torch.cuda.is_available() else "tiny-gpt-neox"
 
 
-def _read_yaml(path: str, problems: list[str]) -> dict[str, Any]:
+def _read_yaml(path: str, problems: list[str], where: dict[str, str]) -> dict[str, Any]:
+    """The setup fields of a YAML file; each problem (and, in `where`, each field's origin) names the file."""
     import yaml
 
     known = {f.name for f in fields(TrainSetup)} | {"model"}
     values: dict[str, Any] = {}
     try:
-        with open(path) as f:
-            loaded = yaml.safe_load(f) or {}
+        with open(path, encoding="utf-8") as f:
+            loaded = yaml.safe_load(f)
+        if loaded is None:
+            loaded = {}
         if not isinstance(loaded, dict):
-            raise ValueError("the top level must be a mapping of setup fields")
+            raise ValueError(f"the top level must be a mapping of setup fields, not {_json_kind(loaded)}")
         for k, v in loaded.items():
-            key = k.replace("-", "_")
+            key = str(k).replace("-", "_")
             if key in known:
                 values[key] = v
+                where[key] = f"--config: {k} in {path}"
             else:
-                problems.append(f"--config: unknown field {k!r} in {path}")
+                problems.append(f"--config: unknown field {str(k)!r} in {path}")
     except (OSError, ValueError, yaml.YAMLError) as e:
         problems.append(f"--config: cannot read {path!r}: {e}")
     return values
 
 
+NO_MODEL = ("--model: which model? a preset (e.g. llama-3.2-1b, qwen2.5-0.5b, tiny-llama), a config.json, a local "
+            "model folder or a hub id (org/name), e.g. --model llama-3.2-1b")
+
+
 def load_setup(model: str | None = None, values: dict[str, Any] | None = None, config: str | None = None,
-               training_args: str | None = None, problems: list[str] | None = None) -> tuple[ModelSpec, TrainSetup]:
+               training_args: str | None = None, problems: list[str] | None = None,
+               default: Callable[[], str] | None = default_model) -> tuple[ModelSpec, TrainSetup]:
     """The model and the validated setup its sources describe; raises one SetupError with every problem.
 
     Args:
-        model: a preset, config.json, folder or hub id; else `model` from `config`; else `default_model()`.
+        model: a preset, config.json, folder or hub id; else `model` from `config`; else `default()`.
         values: field -> value (text or typed), over the files: the flags given, a sweep point's values.
         config: a YAML file of setup fields (and `model`), over `training_args`.
         training_args: a JSON file of TrainingArguments fields (`args.to_json_string()`).
         problems: problems already found by the caller (its own options), reported with these.
+        default: the model when none is given (`default_model`); None makes a missing model a problem.
     """
     problems = list(problems or [])
+    for flag, path in (("--training-args", training_args), ("--config", config)):
+        if path is not None and not str(path).strip():
+            problems.append(f"{flag}: an empty file name; pass a file or leave the flag out")
     merged: dict[str, Any] = {}
+    where: dict[str, str] = {}  # field -> how a problem names it where it is not its flag
     if training_args:
         try:
             merged.update(read_training_arguments(training_args))
+        except SetupError as e:
+            problems += e.problems
         except (OSError, ValueError) as e:
             problems.append(f"--training-args: cannot read {training_args!r}: {e}")
     if config:
-        merged.update(_read_yaml(config, problems))
-    merged.update({k: v for k, v in (values or {}).items() if v is not None})
+        merged.update(_read_yaml(config, problems, where))
+    given = {k: v for k, v in (values or {}).items() if v is not None}
+    merged.update(given)
+    for name in given:
+        where.pop(name, None)
+    if model is not None:
+        merged["model"], where["model"] = model, "--model"
     for name in list(merged):
-        if name in KINDS:
-            kind, flag = KINDS[name], "--" + name.replace("_", "-")
+        origin = where.get(name, "--" + name.replace("_", "-"))
+        if merged[name] is None and name in OPTIONAL:
+            del merged[name]
+        elif merged[name] is None:
+            problems.append(f"{origin}: null, where a value is needed; leave the field out for the default "
+                            f"({getattr(TrainSetup, name)!r})")
+            del merged[name]
+        else:
             try:
-                merged[name] = convert(kind, merged[name])
-            except (TypeError, ValueError) as e:
-                problems.append(f"{flag}: {e}" if kind == "bytes" else f"{flag}: expected "
-                                f"{'a whole number' if kind in ('int', 'rank') else 'a number'}, got {merged[name]!r}")
+                merged[name] = convert(KINDS.get(name, "text"), merged[name])
+            except ValueError as e:
+                problems.append(f"{origin}: {e}")
                 del merged[name]
-    model = model or merged.pop("model", None) or default_model()
-    merged.pop("model", None)
+    name = merged.pop("model", None)
+    if name is not None and not name.strip():
+        problems.append("--model: an empty name; " + NO_MODEL.split("? ", 1)[1])
+    elif name is None and default is None:
+        problems.append(NO_MODEL)
     spec = None
-    try:
-        spec = ModelSpec.resolve(model)
-    except SetupError as e:
-        problems += e.problems
+    if name is not None and name.strip() or name is None and default is not None:
+        try:
+            spec = ModelSpec.resolve(name if name is not None else default())  # type: ignore[misc]
+        except SetupError as e:
+            problems += e.problems
     setup = TrainSetup(**merged)
     try:
         setup = setup.validate(spec)
@@ -147,4 +265,4 @@ def load_setup(model: str | None = None, values: dict[str, Any] | None = None, c
     return spec, setup  # type: ignore[return-value]
 
 
-__all__ = ["KINDS", "parse_bytes", "convert", "read_training_arguments", "default_model", "load_setup"]
+__all__ = ["KINDS", "parse_bytes", "convert", "read_training_arguments", "default_model", "load_setup", "NO_MODEL"]

@@ -48,15 +48,14 @@ class ModelSpec:
 
     @classmethod
     def from_config_file(cls, path: str | os.PathLike) -> ModelSpec:
-        """A `config.json` file: the architecture only, trained from random weights."""
+        """A `config.json` file: the architecture only, trained from random weights. Raises SetupError where
+        it is no causal LM's config (`causal_config`)."""
         p = Path(path)
         try:
-            config = json.loads(p.read_text())
+            config = json.loads(p.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
             raise SetupError([f"--model: cannot read config {str(p)!r}: {e}"]) from None
-        if "model_type" not in config:
-            raise SetupError([f"--model: {str(p)!r} has no 'model_type'; is it a Hugging Face config.json?"])
-        return cls(name=str(p), config=config, source="config")
+        return cls(name=str(p), config=causal_config(config, str(p)), source="config")
 
     @classmethod
     def from_dir(cls, path: str | os.PathLike, source: str = "dir") -> ModelSpec:
@@ -164,14 +163,33 @@ class ModelSpec:
         return CONFIG_MAPPING[self.model_type](**fields)
 
     @cached_property
-    def _meta(self) -> tuple[int, dict[str, str]]:
-        """One meta-device model (no memory, no init), read for its parameter count and its modules."""
+    def _meta(self) -> tuple[int, dict[str, str], dict[str, tuple[int, ...]], str | None]:
+        """One meta-device model (no memory, no init), read for its parameter count, its modules, their
+        weights' shapes and the name of its output embedding."""
         import torch
         from transformers import AutoModelForCausalLM
 
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(self.hf_config())
-        return sum(p.numel() for p in model.parameters()), {n: _kind(m) for n, m in model.named_modules()}
+        head = model.get_output_embeddings()
+        modules = dict(model.named_modules())
+        shapes = {n: tuple(m.weight.shape) for n, m in modules.items()
+                  if isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2}
+        return (sum(p.numel() for p in model.parameters()), {n: _kind(m) for n, m in modules.items()},
+                shapes, next((n for n, m in modules.items() if m is head), None))
+
+    def build_problem(self) -> str | None:
+        """Why transformers cannot build this model (on the meta device: no memory) although it loads the config:
+        an activation it does not know, a padding id past the vocabulary, a RoPE type it lacks; None if it can."""
+        from transformers import __version__
+
+        try:
+            _ = self._meta  # built (and cached) here, or the reason it cannot be
+        except Exception as e:  # whatever the model's __init__ raises
+            reason = " ".join(str(e).split()) or type(e).__name__
+            return (f"--model: {self.name}: transformers {__version__} cannot build the model from this config: "
+                    f"{type(e).__name__}: {reason}")
+        return None
 
     @property
     def parameter_count(self) -> int:
@@ -184,6 +202,17 @@ class ModelSpec:
         known before anything is built. The kind is the class peft's LoRA adapts it as where it is one
         (`Linear` for a subclass such as Falcon's `FalconLinear`), else its own class name."""
         return self._meta[1]
+
+    @property
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Each module with a 2-D weight (Linear, Conv1D, Embedding) -> the weight's shape: what bounds the
+        rank of a LoRA adapter on it."""
+        return self._meta[2]
+
+    @property
+    def output_embedding(self) -> str | None:
+        """The output head's module name (`lm_head`, `embed_out`): what `all-linear` leaves out."""
+        return self._meta[3]
 
     @property
     def model_class(self) -> type | None:
@@ -237,6 +266,108 @@ def _kind(module: Any) -> str:
         if isinstance(module, kind):
             return kind.__name__
     return type(module).__name__
+
+
+POSITIVE = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+            "intermediate_size", "vocab_size", "max_position_embeddings")
+"""Model dimensions that must be whole numbers from 1 to 2**31 - 1 (beyond, tensor sizes overflow) where a config
+sets them, under the config class's names for them (`attribute_map`: GPT-2's n_layer is num_hidden_layers)."""
+
+
+def causal_config(config: Any, name: str) -> dict[str, Any]:
+    """`config` (a config.json's contents) if it describes a causal LM that the installed transformers builds
+    with `AutoModelForCausalLM.from_config`, read through its `text_config` where that class is built from it
+    (Llama-4: `Llama4ForCausalLM` takes the `Llama4TextConfig`), as `from_config` itself does. Otherwise one
+    SetupError naming `--model`, the file and the config class: not a JSON object, no or an unknown
+    `model_type`, a config transformers refuses, an encoder (BERT without `is_decoder`), a sequence-to-
+    sequence or vision model, a multimodal model built whole, a dimension that is not a positive number."""
+    from transformers import CONFIG_MAPPING, __version__
+
+    where = f"--model: {name}"
+    if not isinstance(config, dict):
+        kind = {list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(type(config), "a number")
+        raise SetupError([f"{where} holds {kind}, not a JSON object of model fields; is it a Hugging Face config.json?"])
+    model_type = config.get("model_type")
+    if model_type is None:
+        raise SetupError([f"--model: {name!r} has no 'model_type'; is it a Hugging Face config.json?"])
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        raise SetupError([f"{where}: model_type {model_type!r} is unknown to the installed transformers {__version__}; "
+                          "if it is a newer architecture, upgrade it (pip install -U transformers)"])
+    problems = []
+    names = CONFIG_MAPPING[model_type].attribute_map
+    for attr in POSITIVE:  # before transformers divides by one of them
+        key = names.get(attr, attr)
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**31):
+            problems.append(f"{where}: {key} must be a whole number from 1 to 2**31 - 1, got {value!r}")
+    for key, value in config.items():  # a dropout the model cannot apply fails at its first forward
+        if (("dropout" in key or key.endswith("pdrop")) and isinstance(value, (int, float))
+                and not isinstance(value, bool) and not 0 <= value <= 1):
+            problems.append(f"{where}: {key} must be a probability in [0, 1], got {value!r}")
+    if problems:
+        raise SetupError(problems)
+    hf = _hf_config(config, where)
+    mapped = _causal_class(hf)
+    text_class = hf.sub_configs.get("text_config")
+    if mapped is not None and text_class is not None and getattr(mapped, "config_class", None) is text_class:
+        text = dict(config.get("text_config") or {}, model_type=text_class.model_type)
+        for key in ("dtype", "torch_dtype", "quantization_config"):
+            if key in config and key not in text:
+                text[key] = config[key]
+        return causal_config(text, f"{name} (its text_config)")
+    cls = type(hf).__name__
+    text_type = getattr(hf.get_text_config(), "model_type", None) if text_class is not None else None
+    if mapped is None:
+        hint = (f"; its text model may be: save its text_config as a config.json with model_type {text_type!r}"
+                if text_type else "")
+        raise SetupError([f"{where}: {cls} is not a causal language model (AutoModelForCausalLM has no class for "
+                          f"it in transformers {__version__}){hint}"])
+    if text_class is not None:
+        raise SetupError([f"{where}: AutoModelForCausalLM builds {mapped.__name__} from {cls}, a multimodal model "
+                          "whose vision parts trainmem does not model; for the text model alone, save its "
+                          f"text_config as a config.json with model_type {text_type!r}"])
+    heads, groups = getattr(hf, "num_attention_heads", None), getattr(hf, "num_key_value_heads", None)
+    if isinstance(heads, int) and isinstance(groups, int) and groups > 0 and heads % groups:
+        raise SetupError([f"{where}: num_attention_heads ({heads}) is not a multiple of num_key_value_heads "
+                          f"({groups}): each key/value head serves a whole number of query heads"])
+    if _needs_is_decoder(mapped) and getattr(hf, "is_decoder", False) is not True:
+        raise SetupError([f"{where}: {cls} is an encoder; {mapped.__name__} trains it as a causal language model "
+                          "only with \"is_decoder\": true in the config: set it, or pick a decoder model"])
+    return config
+
+
+def _hf_config(config: dict[str, Any], where: str) -> Any:
+    """The transformers config object of `config`, or a SetupError with transformers' reason on one line."""
+    from transformers import CONFIG_MAPPING, __version__
+
+    cls = CONFIG_MAPPING[config["model_type"]]
+    try:
+        return cls(**{k: v for k, v in config.items() if k != "model_type"})
+    except Exception as e:  # transformers' strict fields raise several types, each with its own message
+        reason = " ".join(str(e).split()) or type(e).__name__
+        raise SetupError([f"{where}: transformers {__version__} refuses it as a {cls.__name__}: {reason}"]) from None
+
+
+def _causal_class(hf: Any) -> type | None:
+    """The class `AutoModelForCausalLM.from_config` builds for this config object, None where it has none."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(hf)]
+    except KeyError:
+        return None
+
+
+def _needs_is_decoder(model_class: type) -> bool:
+    """Whether this causal-LM class is an encoder's LM head that works as a decoder only when the config says
+    `is_decoder` (BertLMHeadModel and its kin warn or assert on it in `__init__`; BART's sets it itself)."""
+    import inspect
+
+    try:
+        source = inspect.getsource(model_class.__init__)
+    except (OSError, TypeError):
+        return False
+    return "not config.is_decoder" in source or "assert config.is_decoder" in source
 
 
 def split_revision(model_id: str) -> tuple[str, str | None]:

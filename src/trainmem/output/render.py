@@ -6,10 +6,13 @@ from typing import Any
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from trainmem.config.commands import describe, run_command, training_arguments
 from trainmem.config.setup import TrainSetup
+from trainmem.hardware.gpus import find_gpu
 from trainmem.result import Result
 from trainmem.search.plan import Plan
 
@@ -56,19 +59,98 @@ def sweep_line(label: str, r: Result) -> str:
     return line
 
 
-def result_tables(r: Result, phases: bool = False) -> list[Any]:
-    """A row as the terminal shows it: title, status, the memory at the peak, the seed's figures, throughput,
-    verdict, OOM and notes (and, with `phases`, every phase)."""
+ROUTINE_NOTES = ("runtime figures derived from the H200 measurement", "time: derived from the ",
+                 "the kernel memory model was validated on")
+"""Parts of the notes an estimate repeats on every call, whatever the setup (the installed releases, the card's
+runtime figures and step time derived from the H200 and its datasheet): shown with --verbose only."""
+
+
+def routine(note: str) -> bool:
+    """Whether `note` is one every estimate repeats (`ROUTINE_NOTES`), not one about this setup."""
+    return any(part in note for part in ROUTINE_NOTES)
+
+
+def cap_size(n: int) -> str:
+    """A cap as a user would write it: 12.0 GiB, 500 MiB."""
+    return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / MiB:.0f} MiB"
+
+
+def _gb(n: int) -> str:
+    return f"{n / GiB:.1f}"
+
+
+def headline(r: Result) -> Text:
+    """The answer in one line, before anything else: the verdict in words (with what to cut first where it does
+    not fit or is tight), a measurement's outcome on the card it emulated, or, without a card, the peak and how
+    to get a verdict."""
+    v, s = r.verdict, r.setup
+    if r.kind == "estimate" and v:
+        level = v.get("level") or ("fits" if v["fits"] else "no")
+        card = f"the {v['gpu']}" if v["gpu"].endswith(" cap") else v["gpu"]
+        runtime = f" (with the {v['runtime']}'s runtime figures)" if v.get("runtime") and v["runtime"] != v["gpu"] else ""
+        need = v.get("need", v.get("capacity", 0) - v["headroom"])
+        of = f"needs {_gb(need)} GiB of {_gb(v['capacity'])}" if "capacity" in v else f"headroom {size(v['headroom'])}"
+        cut = f"; cut first: {v['advice']}"
+        if level == "fits":
+            return Text(f"fits {card}{runtime}: {of}, {_gb(v['headroom'])} GiB free beyond the {v['margin']:.0%} "
+                        "margin", style="green")
+        if level == "tight":
+            free = v.get("capacity", 0) - need
+            return Text(f"fits {card} tightly{runtime}: {of}, {_gb(free)} GiB free, less than the {v['margin']:.0%} "
+                        f"margin{cut}", style="yellow")
+        return Text(f"does not fit {card}{runtime}: {of} (peak reserved + memory outside the allocator){cut}",
+                    style="red")
+    if r.kind == "estimate":
+        m = r.memory
+        return Text(f"peak {size(m['peak_reserved'])} reserved ({size(m['peak_allocated'])} allocated) in the "
+                    f"{r.peak_phase}, {r.method} estimate; for a verdict pass --gpu NAME (T4, RTX-4090, A100-80GB, "
+                    "...) or --memory-cap SIZE")
+    card = find_gpu(s["gpu"]) if s.get("gpu") else None
+    cap = s.get("memory_cap")
+    overhead = card.overhead(s["attention"], s["precision"], s["peft"]) if card is not None else 0
+    steps = f"ran {r.steps_done} step{'s' if r.steps_done != 1 else ''}"
+    if cap is not None and (card is None or cap < card.capacity - overhead):  # the cap binds, not the card
+        name = f"the {cap_size(cap)} cap"
+        if r.status == "oom":
+            return Text(f"does not fit {name}: out of memory{_in(r)}; `trainmem estimate` with the same flags "
+                        "says what to cut first", style="red")
+        if r.status == "ok":
+            return Text(f"fits {name}: {steps} with at most {size(r.memory['peak_reserved'])} reserved",
+                        style="green")
+    elif card is not None and r.status == "oom":
+        return Text(f"does not fit {card.name}: out of memory{_in(r)} under its cap; `trainmem estimate` with the "
+                    "same flags says what to cut first", style="red")
+    elif card is not None and r.status == "ok":
+        need = r.memory["peak_reserved"] + overhead
+        free = card.budget(0.02) - need
+        said = (f"{_gb(free)} GiB free beyond the 2% margin" if free >= 0 else
+                f"{_gb(card.capacity - need)} GiB free, less than the 2% margin")
+        return Text(f"fits {card.name}{' tightly' if free < 0 else ''}: {steps} under its cap and needs {_gb(need)} "
+                    f"GiB of {_gb(card.capacity)} (peak reserved + the {card.name}'s memory outside the allocator), "
+                    f"{said}", style="green" if free >= 0 else "yellow")
+    status = {"ok": "ran", "oom": "ran out of memory", "error": "failed"}.get(r.status, r.status)
+    return Text(f"{status}: {r.steps_done}/{s['steps']} steps on the {r.env.get('gpu') or s['device']}, peak "
+                f"{size(r.memory['peak_allocated'])} allocated", style="red" if r.status != "ok" else "")
+
+
+def _in(r: Result) -> str:
+    return f" in {r.oom['phase']}" if r.oom else ""
+
+
+def result_tables(r: Result, phases: bool = False, verbose: bool = False) -> list[Any]:
+    """A row as the terminal shows it: the answer (`headline`), title, the memory at the peak, the figures after
+    a step, throughput, OOM and notes (those every estimate repeats only with `verbose`; with `phases`, every
+    phase). User text (model names, notes, errors) is escaped: `[` in it is text, not markup."""
     s = r.setup
     title = (f"{r.model.get('name')}  batch {s['batch_size']} x accum {s['grad_accum']} "
              f"(effective {r.effective_batch}), seq {s['seq_len']}, {s['peft']}, {s['precision']}, "
              f"{s['optimizer']}{', checkpointing' if s['checkpointing'] else ''}  on {r.env.get('gpu') or s['device']}")
-    out: list[Any] = [f"[bold]{title}[/bold]"]
+    out: list[Any] = [headline(r), f"[bold]{escape(title)}[/bold]"]
     if r.kind == "estimate":
         out.append(f"estimate ({r.method} method) for one CUDA GPU; the peak is in the {r.peak_phase}")
     else:
         status = {"ok": "[green]ok[/green]", "oom": "[red]out of memory[/red]", "error": "[red]error[/red]"}[r.status]
-        cap = f"  (memory capped to {s['gpu']})" if s.get("gpu") else ""
+        cap = f"  (memory capped to {escape(s['gpu'])})" if s.get("gpu") else ""
         out.append(f"status: {status}{cap}   steps done: {r.steps_done}/{s['steps']}   peak in {r.peak_phase}")
     mem = Table(title="Memory at the peak", show_edge=False)
     mem.add_column("part")
@@ -87,7 +169,7 @@ def result_tables(r: Result, phases: bool = False) -> list[Any]:
         out.append(f"the parts exceed peak allocated by {size(over)}: some of them live outside PyTorch's "
                    "allocator (paged optimizer states are in CUDA managed memory)")
     ms = r.model_states
-    out.append(f"after an optimizer step (the seed's figures): optimizer states {size(ms['optimizer'])}, "
+    out.append(f"after an optimizer step: optimizer states {size(ms['optimizer'])}, "
                f"gradients {size(ms['gradients'])}, weights {size(ms['weights'])}")
     tp = r.throughput
     if tp.get("tokens_per_s"):
@@ -95,48 +177,76 @@ def result_tables(r: Result, phases: bool = False) -> list[Any]:
                    f"over {tp['timed_steps']} unprobed step(s)")
     if r.time.get("step_s"):
         t = r.time
-        out.append(f"predicted time on the {t['card']}: {t['step_s'] * 1000:.1f} ms/step, {t['tokens_per_s']:,.0f} "
-                   f"tokens/s, MFU {t['mfu']:.0%}" + (" (derived from its datasheet figures)" if t.get("derived") else ""))
-    if r.verdict:
-        out.append(verdict_line(r.verdict))
+        out.append(f"predicted time on the {escape(t['card'])}: {t['step_s'] * 1000:.1f} ms/step, "
+                   f"{t['tokens_per_s']:,.0f} tokens/s, MFU {t['mfu']:.0%}"
+                   + (" (derived from its datasheet figures)" if t.get("derived") else ""))
     if r.oom:
         req = r.oom.get("tried_to_allocate")
-        out.append(f"[red]OOM[/red] in phase [bold]{r.oom['phase']}[/bold]: tried to allocate {size(req)}, "
-                   f"peak reached {size(r.oom['peak_allocated'])}")
+        out.append(f"[red]OOM[/red] in phase [bold]{escape(str(r.oom['phase']))}[/bold]: tried to allocate "
+                   f"{size(req)}, peak reached {size(r.oom['peak_allocated'])}")
     if r.error:
-        out.append(f"[red]{r.error.strip().splitlines()[-1]}[/red]")
-    for note in r.notes:
-        out.append(f"note: {note}")
+        out.append(Text(r.error.strip().splitlines()[-1], style="red"))
+    hidden = [n for n in r.notes if routine(n)] if not verbose else []
+    out += [Text(f"note: {n}") for n in r.notes if n not in hidden]
+    if hidden:
+        out.append(Text(f"({len(hidden)} note{'s' if len(hidden) > 1 else ''} hidden; --verbose)", style="dim"))
     if phases and r.phases:
         t = Table(title="Phases", show_edge=False)
         for col in ("phase", "allocated", "peak", "reserved", "gradients", "optimizer"):
             t.add_column(col, justify="left" if col == "phase" else "right")
         for ph in r.phases:
-            t.add_row(ph["phase"], size(ph["allocated"]), size(ph["peak_allocated"]), size(ph["reserved"]),
+            t.add_row(escape(ph["phase"]), size(ph["allocated"]), size(ph["peak_allocated"]), size(ph["reserved"]),
                       size(ph["gradients"]), size(ph["optimizer"]))
         out.append(t)
     return out
 
 
-def print_result(r: Result, console: Console | None = None, phases: bool = False) -> None:
+def print_result(r: Result, console: Console | None = None, phases: bool = False, verbose: bool = False) -> None:
     """Print `result_tables` to `console` (stdout by default)."""
     console = console or Console()
-    for item in result_tables(r, phases):
-        console.print(item)
+    for item in result_tables(r, phases, verbose):
+        console.print(item, soft_wrap=isinstance(item, Text))  # a sentence stays one line, in a pipe too
+
+
+def json_line(data: Any) -> str:
+    """`data` as one line of strict JSON (no NaN or Infinity, which most JSON readers refuse): a float that is
+    not finite becomes null, and a row's `notes` say which (a loss that overflowed)."""
+    import json
+    import math
+
+    found: list[str] = []
+
+    def clean(x: Any, path: str) -> Any:
+        if isinstance(x, float) and not math.isfinite(x):
+            found.append(path)
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v, f"{path}.{k}" if path else str(k)) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v, path) for v in x]
+        return x
+
+    cleaned = clean(data, "")
+    if found and isinstance(cleaned, dict) and isinstance(cleaned.get("notes"), list):
+        what = ", ".join(sorted(set(found)))
+        cleaned["notes"].append(f"values that were not finite numbers (NaN or inf: {what}) are recorded as null; "
+                                "a loss overflows in pure fp16 training, memory is unaffected")
+    return json.dumps(cleaned, allow_nan=False)
 
 
 def print_max_batch(a: dict[str, Any], target: int | None, console: Console | None = None) -> None:
     """`trainmem max-batch`'s answer in words: the batch, how it was confirmed, the power-of-two cost."""
     console = console or Console()
     if not a["batch"]:
-        console.print(f"[red]Not even batch 1 fits {a['model']} on the {a['gpu']}[/red] (margin {a['margin']:.0%}); "
+        console.print(f"[red]Not even batch 1 fits {escape(a['model'])} on the {escape(a['gpu'])}[/red] (margin {a['margin']:.0%}); "
                       "`trainmem estimate --batch-size 1 --gpu ...` says what to cut first.")
         return
     tried = ", ".join(f"{b} {'fits' if ok else 'does not'}" for b, ok in a["tried"])
     how = (f"confirmed with {a['trials']} real runs ({tried})" if a["confirmed"] else
            f"from the estimate ({a['estimates']} analytic estimates, {a.get('simulations', 0)} simulations; no CUDA "
            "device here, so no real run)")
-    console.print(f"Largest micro-batch for {a['model']} on the {a['gpu']}: [bold]{a['batch']}[/bold], {how}.",
+    console.print(f"Largest micro-batch for {escape(a['model'])} on the {escape(a['gpu'])}: [bold]{a['batch']}[/bold], "
+                  f"{how}.",
                   highlight=False)
     console.print(f"A power-of-two search (1, 2, 4, ...) would take {a['power_of_two_trials']} real runs and find "
                   f"{a['power_of_two']}.", highlight=False)
@@ -176,16 +286,16 @@ def print_plan(plan: Plan, console: Console | None = None, allow: tuple[str, ...
     first = plan.options[0].setup if plan.options else None
     fixed = "" if first is None else ", ".join(f"{getattr(first, f)}" for f in ("precision", "optimizer") if f not in varied)
     job = f"; job: {plan.job_tokens:,} tokens" if plan.job_tokens else ""
-    console.print(f"[bold]{plan.model} on the {plan.gpu}: effective batch {plan.target_batch} x {plan.seq_len} tokens"
+    console.print(f"[bold]{escape(plan.model)} on the {escape(plan.gpu)}: effective batch {plan.target_batch} x {plan.seq_len} tokens"
                   f"{', ' + fixed if fixed else ''}{job}[/bold]", highlight=False)
     console.print(f"{plan.searched} setups estimated, {plan.not_fitting} do not fit; the fastest of each kind, "
                   "fastest first (predicted: docs/time-model.md)", highlight=False)
     if not plan.options:
         if plan.not_fitting < plan.searched:  # some could not be estimated or timed: the notes say why
-            console.print(f"[red]No setup could be ranked on the {plan.gpu}[/red]; {plan.not_fitting} of "
+            console.print(f"[red]No setup could be ranked on the {escape(plan.gpu)}[/red]; {plan.not_fitting} of "
                           f"{plan.searched} do not fit, and of the rest:", highlight=False)
         else:
-            console.print(f"[red]Nothing fits the {plan.gpu}[/red] at effective batch {plan.target_batch}; "
+            console.print(f"[red]Nothing fits the {escape(plan.gpu)}[/red] at effective batch {plan.target_batch}; "
                           "allow more with --allow peft,optimizer,precision, or pick a bigger card.")
         for note in plan.notes:
             console.print(f"note: {note}", highlight=False, soft_wrap=True, markup=False)
@@ -209,12 +319,13 @@ def print_plan(plan: Plan, console: Console | None = None, allow: tuple[str, ...
                       f"{' ckpt' if s['checkpointing'] else ''}: the analytic estimate says {d['analytic']}, "
                       f"simulate says {d['simulate']} ({_gib(d['need'])} needed)", highlight=False)
     win = plan.options[0]
-    console.print(f"\n[bold]Winner[/bold]: {run_command(plan.model, win.setup)}", highlight=False, soft_wrap=True)
-    console.print(training_arguments(win.setup), highlight=False, soft_wrap=True)
+    console.print(f"\n[bold]Winner[/bold]: {escape(run_command(plan.model, win.setup))}", highlight=False,
+                  soft_wrap=True)
+    console.print(training_arguments(win.setup), highlight=False, soft_wrap=True, markup=False)
     if win.level == "tight":
         console.print("[yellow]The winner is tight: less than the margin stays free; the next one down is safer.[/yellow]")
     for note in plan.notes:
-        console.print(f"note: {note}", highlight=False, soft_wrap=True)
+        console.print(f"note: {note}", highlight=False, soft_wrap=True, markup=False)
 
 
 def print_confirmed(setup: TrainSetup, entry: dict[str, Any], console: Console | None = None) -> None:
