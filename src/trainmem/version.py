@@ -16,8 +16,9 @@ __version__ = "0.1.0"
 @functools.lru_cache(maxsize=1)
 def source() -> dict[str, Any]:
     """The git commit of the trainmem source this process runs, and whether its tree had uncommitted changes
-    (`TRAINMEM_COMMIT` and `TRAINMEM_DIRTY=1` where the source is a copy without git; None for both where
-    neither is known, e.g. an installed wheel): every row records them,
+    (`TRAINMEM_COMMIT` and `TRAINMEM_DIRTY=1` where a launcher says so: a copy of the tree on another machine
+    may carry a .git that is not the tree's; None for both where neither is known, e.g. an installed wheel):
+    every row records them,
     so that "measured at commit X" rests on the row, not on the order of commits."""
     here = Path(__file__).resolve().parent
 
@@ -28,10 +29,12 @@ def source() -> dict[str, Any]:
             return None
         return done.stdout.strip() if done.returncode == 0 else None
 
+    said = os.environ.get("TRAINMEM_COMMIT")
+    if said:  # a copy whose .git is not the tree's (a GPU machine's working tree): what its launcher said
+        return {"commit": said, "dirty": os.environ.get("TRAINMEM_DIRTY", "") == "1"}
     commit = git("rev-parse", "HEAD")
-    if commit is None:  # a copy without its .git (a GPU machine's working tree): what its launcher said
-        said = os.environ.get("TRAINMEM_COMMIT")
-        return {"commit": said, "dirty": os.environ.get("TRAINMEM_DIRTY", "") == "1" if said else None}
+    if commit is None:
+        return {"commit": None, "dirty": None}
     status = git("status", "--porcelain", "--untracked-files=no")
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
 
