@@ -31,6 +31,7 @@ import trainmem
 from trainmem.estimator import estimate
 from trainmem.output.report import write_report
 from trainmem.result import read_rows
+from trainmem.validation.docs import VALIDATION  # file -> which set it is (docs/accuracy.md)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare_estimates import measured_program  # noqa: E402
@@ -40,23 +41,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DOCS = os.path.join(HERE, "..", "docs")
 LAB = os.path.join(DOCS, "lab", "data")
 """The dated measurement files (and the held-out tables at the commit each set was reported at)."""
-VALIDATION = {  # file -> which set it is (docs/accuracy.md)
-    "validation-isolated-h200-2026-12-03.jsonl": "in-sample",
-    "validation-held-out-h200-2026-12-03.jsonl": "held-out 1",
-    "validation-held-out-2-h200-2026-12-03.jsonl": "held-out 2",
-    "validation-held-out-3-h200-2026-12-03.jsonl": "held-out 3",
-    "validation-held-out-4-h200-2026-12-03.jsonl": "held-out 4",
-    "validation-held-out-5-h200-2026-12-04.jsonl": "held-out 5",
-    "validation-held-out-6-h200-2026-12-04.jsonl": "held-out 6",
-    "validation-held-out-7-h200-2026-12-04.jsonl": "held-out 7",
-    "validation-held-out-8-h200-2026-12-04.jsonl": "held-out 8",
-    "validation-held-out-9-h200-2026-12-04.jsonl": "held-out 9",
-    "validation-held-out-10-h200-2026-12-04.jsonl": "held-out 10",
-    "validation-held-out-11-h200-2026-12-04.jsonl": "held-out 11",
-    "validation-held-out-12-h200-2026-12-05.jsonl": "held-out 12",
-    "validation-held-out-13-h200-2026-12-05.jsonl": "held-out 13",
-    "validation-held-out-14-h100-2026-12-05.jsonl": "held-out 14",
-}
 REPORTS = {"report-sweep-t4": ("sweep-chapter-t4-h200-2026-12-02.jsonl", "T4"),
            "report-chapter": ("chapter-measured-and-estimated-2026-12-02.jsonl", "T4")}
 
