@@ -6,7 +6,7 @@ The measurements themselves are in docs/lab/data/ (dated, never rewritten); what
 docs/data/ and docs/report-*/, and changes with the estimator.
 
 - docs/data/documented-estimates.jsonl: for each measured row of the validation files below, the
-  analytic and simulate `peak_allocated` / `peak_reserved` in bytes; tests/test_documented.py recomputes
+  analytic and simulate `peak_allocated` / `peak_reserved` in bytes; tests/regression/test_documented.py recomputes
   them (analytic for every row, simulate for a fixed subset) and fails when the estimator drifts from
   what the docs say, so a changed estimator must come with regenerated docs;
 - docs/data/errors-*.md: the error table of each validation file (benchmarks/compare_estimates.py) at the
@@ -50,7 +50,7 @@ SIMULATED = ("qwen2.5-0.5b", "qwen3-0.6b", "gpt2")
 
 
 def documented(file: str) -> list[dict]:
-    """The figures docs/ shows for each validation row, for tests/test_documented.py: analytic for every
+    """The figures docs/ shows for each validation row, for tests/regression/test_documented.py: analytic for every
     row (milliseconds), simulate for SIMULATED's rows."""
     out = []
     for i, r in enumerate(read_rows(os.path.join(LAB, file))):

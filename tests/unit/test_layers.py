@@ -11,7 +11,7 @@ from pathlib import Path
 import trainmem
 
 PACKAGE = Path(trainmem.__file__).parent
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
 SAMPLE = TESTS / "data" / "chapter-sample.jsonl"
 
 
@@ -219,3 +219,13 @@ def test_no_test_reaches_into_benchmarks():
     old = ('import os, sys\nsys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))\n'
            'import time_validate\n')
     assert len(reaches_into_benchmarks(old, scripts)) == 2  # the check checks
+
+
+def test_every_test_sits_in_a_tier():
+    """tests/unit (derived values, CPU), tests/regression (snapshots of the docs and committed tables, for the pinned
+    versions), tests/gpu (a CUDA device): each tier's README.md says what belongs there; fixtures stay in
+    tests/conftest.py, above all three."""
+    tiers = {"unit", "regression", "gpu"}
+    assert sorted(p.name for p in TESTS.glob("test_*.py")) == []
+    assert {p.parent.relative_to(TESTS).as_posix() for p in TESTS.rglob("test_*.py")} == tiers
+    assert all((TESTS / tier / "README.md").is_file() for tier in tiers) and (TESTS / "conftest.py").is_file()

@@ -238,7 +238,7 @@ def test_documented_step_times_are_the_time_models():
 
     if (torch.__version__.split("+")[0], transformers.__version__) != ("2.13.0", "5.17.0"):
         pytest.skip("the table was made with torch 2.13.0 and transformers 5.17.0")
-    root = os.path.join(os.path.dirname(__file__), "..")
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
 
     last = open(os.path.join(root, "docs", "data", "time-in-sample.md")).read()
     documented = [(m.group(1), float(m.group(2)), float(m.group(3)))

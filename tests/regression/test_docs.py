@@ -14,7 +14,7 @@ import pytest
 from test_readme import commands, parse_all
 from trainmem.validation import docs as docs_tables
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 USER_DOCS = [ROOT / "README.md"] + sorted(p for p in (ROOT / "docs").rglob("*.md") if "lab" not in p.parts)
 

@@ -20,8 +20,8 @@ from trainmem.estimator.memory.allocator import (
 )
 
 MiB = 2**20
-TRACE = Path(__file__).parent / "data" / "allocator-trace-polyglot-b4-h200.json.gz"
-LAB = Path(__file__).parent.parent / "docs" / "lab" / "data"
+TRACE = Path(__file__).parents[1] / "data" / "allocator-trace-polyglot-b4-h200.json.gz"
+LAB = Path(__file__).parents[2] / "docs" / "lab" / "data"
 """The dated measurement files, allocator traces among them."""
 
 
