@@ -6,7 +6,7 @@ The measurements themselves are in docs/lab/data/ (dated, never rewritten); what
 docs/data/ and docs/report-*/, and changes with the estimator.
 
 - docs/data/documented-estimates.jsonl: for each measured row of the validation files below, the
-  analytic and simulate `peak_allocated` / `peak_reserved` in bytes; tests/test_documented.py recomputes
+  analytic and simulate `peak_allocated` / `peak_reserved` in bytes; tests/regression/test_documented.py recomputes
   them (analytic for every row, simulate for a fixed subset) and fails when the estimator drifts from
   what the docs say, so a changed estimator must come with regenerated docs;
 - docs/data/errors-*.md: the error table of each validation file (benchmarks/compare_estimates.py) at the
@@ -31,6 +31,7 @@ import trainmem
 from trainmem.estimator import estimate
 from trainmem.output.report import write_report
 from trainmem.result import read_rows
+from trainmem.validation.docs import VALIDATION  # file -> which set it is (docs/accuracy.md)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare_estimates import measured_program  # noqa: E402
@@ -40,23 +41,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DOCS = os.path.join(HERE, "..", "docs")
 LAB = os.path.join(DOCS, "lab", "data")
 """The dated measurement files (and the held-out tables at the commit each set was reported at)."""
-VALIDATION = {  # file -> which set it is (docs/accuracy.md)
-    "validation-isolated-h200-2026-12-03.jsonl": "in-sample",
-    "validation-held-out-h200-2026-12-03.jsonl": "held-out 1",
-    "validation-held-out-2-h200-2026-12-03.jsonl": "held-out 2",
-    "validation-held-out-3-h200-2026-12-03.jsonl": "held-out 3",
-    "validation-held-out-4-h200-2026-12-03.jsonl": "held-out 4",
-    "validation-held-out-5-h200-2026-12-04.jsonl": "held-out 5",
-    "validation-held-out-6-h200-2026-12-04.jsonl": "held-out 6",
-    "validation-held-out-7-h200-2026-12-04.jsonl": "held-out 7",
-    "validation-held-out-8-h200-2026-12-04.jsonl": "held-out 8",
-    "validation-held-out-9-h200-2026-12-04.jsonl": "held-out 9",
-    "validation-held-out-10-h200-2026-12-04.jsonl": "held-out 10",
-    "validation-held-out-11-h200-2026-12-04.jsonl": "held-out 11",
-    "validation-held-out-12-h200-2026-12-05.jsonl": "held-out 12",
-    "validation-held-out-13-h200-2026-12-05.jsonl": "held-out 13",
-    "validation-held-out-14-h100-2026-12-05.jsonl": "held-out 14",
-}
 REPORTS = {"report-sweep-t4": ("sweep-chapter-t4-h200-2026-12-02.jsonl", "T4"),
            "report-chapter": ("chapter-measured-and-estimated-2026-12-02.jsonl", "T4")}
 
@@ -66,7 +50,7 @@ SIMULATED = ("qwen2.5-0.5b", "qwen3-0.6b", "gpt2")
 
 
 def documented(file: str) -> list[dict]:
-    """The figures docs/ shows for each validation row, for tests/test_documented.py: analytic for every
+    """The figures docs/ shows for each validation row, for tests/regression/test_documented.py: analytic for every
     row (milliseconds), simulate for SIMULATED's rows."""
     out = []
     for i, r in enumerate(read_rows(os.path.join(LAB, file))):

@@ -1,7 +1,7 @@
 """How fast each session's host launched kernels, from the host-bound rows of the committed H200 (and H100)
 measurements.
 
-    python benchmarks/host_speed.py [JSONL ...]    # anywhere: no GPU needed; default: time_validate's files
+    python benchmarks/host_speed.py [JSONL ...]    # anywhere: no GPU needed; default: FIT_FILES and held-out 13
 
 A row is host-bound where the step-time model's host time (`timing.HOST_PER_KERNEL` per launch counted on
 the meta trace) exceeds its card time (compute and memory) by `BOUND` or more: its measured step time is then
@@ -18,8 +18,9 @@ import os
 import statistics
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import time_validate as tv  # noqa: E402
+from trainmem.estimator.time import step as timing
+from trainmem.validation import repository
+from trainmem.validation import timing as tv
 
 BOUND = 1.3
 """Host time over card time at which a row counts as host-bound."""
@@ -27,11 +28,9 @@ BOUND = 1.3
 
 def host_bound(paths: list[str]) -> dict[str, list[tuple[str, float, float]]]:
     """Per file: (row label, measured microseconds per launch, the model's error) of its host-bound rows."""
-    from trainmem.estimator.time import step as timing
-
     out: dict[str, list[tuple[str, float, float]]] = {}
     for path, r in tv.timed(tv.rows(paths)):
-        work, card = tv._row_work(r)
+        work, card = tv.row_work(r)
         st = timing.step_time(work, card)
         parts = st.parts
         if parts["host"] < BOUND * (parts["compute"] + parts["memory"]):
@@ -39,7 +38,7 @@ def host_bound(paths: list[str]) -> dict[str, list[tuple[str, float, float]]]:
         measured = tv.measured_s(r)
         per_launch = measured / (work.launches * work.micro_steps + timing.QLORA_OPS * work.quant_calls
                                  * work.micro_steps)
-        out.setdefault(os.path.basename(path), []).append((tv._label(r), 1e6 * per_launch, st.step_s / measured - 1))
+        out.setdefault(os.path.basename(path), []).append((tv.label(r), 1e6 * per_launch, st.step_s / measured - 1))
     return out
 
 
@@ -60,5 +59,5 @@ def main(paths: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:] or tv.FIT_FILES + [os.path.join(tv.HERE, "..", "docs", "lab", "data",
-                                                                "validation-held-out-13-h200-2026-12-05.jsonl")]))
+    sys.exit(main(sys.argv[1:] or tv.fit_paths() + [
+        str(repository.docs("lab", "data", "validation-held-out-13-h200-2026-12-05.jsonl"))]))

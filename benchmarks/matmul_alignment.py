@@ -9,64 +9,18 @@ Times the three products of GPT-2's output head (768 wide) at 16384 tokens (batc
 tokens x 768), in bf16 and fp16, each the median of 20 timed calls after 5 warm-up ones, for the vocabulary
 as GPT-2 has it (50257), padded to 8 (50264) and to 64 (50304, nanoGPT's). Prints and writes
 `matmul-alignment.json`: seconds, TFLOPS and each unaligned product's time per FLOP over the 50264 one's.
+The measurement is `trainmem.validation.alignment.measure`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
-from typing import Any
 
 import torch
 
-VOCABS = (50257, 50264, 50304)
-WIDTH = 768
-
-
-def _products(tokens: int, vocab: int, dtype: torch.dtype, device: str) -> dict[str, Any]:
-    x = torch.randn(tokens, WIDTH, dtype=dtype, device=device)
-    w = torch.randn(vocab, WIDTH, dtype=dtype, device=device)
-    dy = torch.randn(tokens, vocab, dtype=dtype, device=device)
-    return {"forward": lambda: x @ w.t(), "input_grad": lambda: dy @ w, "weight_grad": lambda: dy.t() @ x}
-
-
-def _seconds(fn: Any, device: str, repeat: int, warmup: int = 5) -> float:
-    import time
-
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def measure(device: str = "cuda", tokens: int = 16384, repeat: int = 20) -> list[dict[str, Any]]:
-    """One row per (dtype, product, vocabulary): seconds, TFLOPS, and time per FLOP over the 50264 one's."""
-    rows = []
-    for dtype in (torch.bfloat16, torch.float16):
-        for vocab in VOCABS:
-            for name, fn in _products(tokens, vocab, dtype, device).items():
-                s = _seconds(fn, device, repeat)
-                flops = 2 * tokens * vocab * WIDTH
-                rows.append({"dtype": str(dtype).removeprefix("torch."), "product": name, "vocab": vocab,
-                             "tokens": tokens, "seconds": s, "tflops": flops / s / 1e12})
-    for r in rows:
-        base = next(b for b in rows if (b["dtype"], b["product"], b["vocab"]) == (r["dtype"], r["product"], 50264))
-        r["slowdown_per_flop"] = (r["seconds"] / r["vocab"]) / (base["seconds"] / base["vocab"])
-    return rows
+from trainmem.validation.alignment import measure
 
 
 def main(argv: list[str]) -> int:

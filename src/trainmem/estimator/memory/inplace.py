@@ -15,7 +15,7 @@ steps `trainmem run` probes; a user's run has none. Two such shortcuts move memo
 In H200 allocator traces of fp32 runs (docs/lab) a run's unprobed steps reserved one more
 logits-sized segment than its probed ones. On the CPU, a training step under a plain dispatch mode allocates
 the extra buffers of both, and with `InPlace` applied allocates what the step without a mode allocates
-(tests/test_inplace.py compares the two with the profiler).
+(tests/unit/test_inplace.py compares the two with the profiler).
 
 `InPlace.watch` finds the engine's accumulations (each `add` between a node's post-hook and the next node's
 pre-hook, hooks put on the graph before `backward`); `InPlace.math_attention` marks the math path's call.

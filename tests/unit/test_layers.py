@@ -11,7 +11,8 @@ from pathlib import Path
 import trainmem
 
 PACKAGE = Path(trainmem.__file__).parent
-SAMPLE = Path(__file__).parent / "data" / "chapter-sample.jsonl"
+TESTS = Path(__file__).parents[1]
+SAMPLE = TESTS / "data" / "chapter-sample.jsonl"
 
 
 def _modules() -> dict[str, Path]:
@@ -114,7 +115,8 @@ ALLOWED: dict[str, set[str] | None] = {
     "search": BASE | {"measure", "estimator", "isolation"},
     "output": BASE | {"search"},
     "experiment": BASE | {"isolation"},
-    "validation": BASE | {"measure", "estimator", "isolation", "search", "output"},
+    "validation": BASE | {"measure", "estimator.memory", "estimator.time", "estimator", "integrations", "isolation",
+                          "search", "output", "experiment", "serve", "trainmem"},  # on top: anything but cli
     "serve": BASE | {"measure", "estimator", "isolation", "search", "output"},
     "cli": None,  # on top: anything
     "__main__": {"cli"},
@@ -140,6 +142,7 @@ def test_each_layer_imports_only_the_layers_below_it():
     assert not allowed("trainmem.estimator.memory.simulate", "trainmem.measure.stages")  # the check checks
     assert allowed("trainmem.estimator.memory.simulate", "trainmem.measure.build")
     assert not allowed("trainmem.config.setup", "trainmem.measure.build")
+    assert not allowed("trainmem.validation.timing", "trainmem.cli.run")
 
 
 def test_the_package_keeps_few_top_level_modules():
@@ -190,3 +193,39 @@ def test_help_and_report_start_without_torch(tmp_path):
             "assert 'torch' not in sys.modules, 'torch was imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     assert (tmp_path / "report.md").is_file()
+
+
+def reaches_into_benchmarks(source: str, scripts: set[str]) -> list[str]:
+    """The statements of a test's source that put benchmarks/ on sys.path or import one of its `scripts` by name."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and ast.unparse(node.func.value) == "sys.path" and "benchmarks" in ast.unparse(node)):
+            found.append(ast.unparse(node))
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        found += [f"import {n}" for n in names if n.split(".")[0] in scripts]
+    return found
+
+
+def test_no_test_reaches_into_benchmarks():
+    """Tests import the validation code they check from the package (`trainmem.validation`): benchmarks/ holds
+    command lines over it, and no test puts that folder on sys.path or imports a script of it."""
+    scripts = {p.stem for p in (TESTS.parent / "benchmarks").glob("*.py")}
+    assert {"time_validate", "docs_tables"} <= scripts
+    found = [f"{path.relative_to(TESTS)}: {s}" for path in sorted(TESTS.rglob("*.py"))
+             for s in reaches_into_benchmarks(path.read_text(), scripts)]
+    assert found == []
+    old = ('import os, sys\nsys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))\n'
+           'import time_validate\n')
+    assert len(reaches_into_benchmarks(old, scripts)) == 2  # the check checks
+
+
+def test_every_test_sits_in_a_tier():
+    """tests/unit (derived values, CPU), tests/regression (snapshots of the docs and committed tables, for the pinned
+    versions), tests/gpu (a CUDA device): each tier's README.md says what belongs there; fixtures stay in
+    tests/conftest.py, above all three."""
+    tiers = {"unit", "regression", "gpu"}
+    assert sorted(p.name for p in TESTS.glob("test_*.py")) == []
+    assert {p.parent.relative_to(TESTS).as_posix() for p in TESTS.rglob("test_*.py")} == tiers
+    assert all((TESTS / tier / "README.md").is_file() for tier in tiers) and (TESTS / "conftest.py").is_file()

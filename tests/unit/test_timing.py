@@ -222,46 +222,10 @@ def test_estimate_json_and_terminal_show_the_time():
     assert "predicted time on the A10G" in text and "tokens/s" in text
 
 
-def test_documented_step_times_are_the_time_models():
-    """docs/data/time-in-sample.md (every in-sample row, predicted at the committed constants) is the
-    model's: every tenth row is recomputed from its measurement in docs/lab/data and must match to the 0.1 ms the
-    table prints. Kernel counts follow the modeling code, so the check holds for the versions the table was
-    made with (said above the table) and skips elsewhere."""
-    import glob
-    import os
-    import re
-    import sys
-
-    import torch
-    import transformers
-
-    if (torch.__version__.split("+")[0], transformers.__version__) != ("2.13.0", "5.17.0"):
-        pytest.skip("the table was made with torch 2.13.0 and transformers 5.17.0")
-    root = os.path.join(os.path.dirname(__file__), "..")
-    sys.path.insert(0, os.path.join(root, "benchmarks"))
-    import time_validate
-
-    last = open(os.path.join(root, "docs", "data", "time-in-sample.md")).read()
-    documented = [(m.group(1), float(m.group(2)), float(m.group(3)))
-                  for m in re.finditer(r"^\| (.+?) \| ([\d.]+) \| ([\d.]+) \| [+-]\d+% \|$", last, re.M)]
-    assert len(documented) > 300
-    found = {(time_validate._label(r), round(time_validate.measured_s(r) * 1e3, 1)): r
-             for _, r in time_validate.rows(sorted(glob.glob(os.path.join(root, "docs", "lab", "data", "*.jsonl"))))}
-    drift = []
-    for label, measured, predicted in documented[::10]:
-        now = time_validate.predict(found[(label, measured)]) * 1e3
-        if abs(now - predicted) > max(0.051, 1e-3 * predicted):
-            drift.append(f"{label}: {predicted} ms documented, {now:.1f} ms now")
-    assert not drift, "re-run python benchmarks/time_validate.py compare docs/lab/data/*.jsonl:\n" + "\n".join(drift)
-
-
 def test_measured_rows_are_predicted_at_the_card_they_ran_on():
     """time_validate predicts a row at its own card's figures: held-out 14 ran on an H100, every earlier set on
     the H200; a row from any other device is not a timing row."""
-    import os
-
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-    import time_validate
+    from trainmem.validation import timing as time_validate
 
     setup = TrainSetup(batch_size=8, seq_len=1024, precision="bf16")
     row = {"model": {"name": "qwen2.5-0.5b"}, "setup": setup.to_dict()}
@@ -269,18 +233,14 @@ def test_measured_rows_are_predicted_at_the_card_they_ran_on():
     h200 = {**row, "env": {"gpu": "NVIDIA H200"}}
     assert time_validate.ran_on(h100) == "H100-80GB" and time_validate.ran_on(h200) == "H200"
     assert time_validate.ran_on({**row, "env": {"gpu": "NVIDIA A100-SXM4-80GB"}}) is None
-    work = time_validate._row_work(h100)[0]
+    work = time_validate.row_work(h100)[0]
     assert time_validate.predict(h100) == timing.step_time(work, CATALOG["H100-80GB"]).step_s
     assert time_validate.predict(h100) > time_validate.predict(h200)  # the same work at the H100's lower figures
 
 
 def test_the_alignment_benchmark_runs_and_compares_with_the_padded_vocabulary():
     """benchmarks/matmul_alignment.py, which measured `UNALIGNED_SLOWDOWN` on the H200, on tiny CPU products."""
-    import os
-    import sys
-
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-    import matmul_alignment
+    from trainmem.validation import alignment as matmul_alignment
 
     rows = matmul_alignment.measure("cpu", tokens=16, repeat=1)
     assert len(rows) == 2 * 3 * 3  # dtypes x vocabularies x products

@@ -1,21 +1,19 @@
 """The user docs say what the code and the committed tables say.
 
 Generated blocks (the step-time constants, the card catalog, every accuracy figure) are rendered again by
-benchmarks/docs_tables.py and must equal the committed text; the few figures typed by hand are recomputed from
-their sources; links resolve; the code's paths into docs/ exist; and the examples of the guides are real
-commands and runnable code."""
+trainmem.validation.docs (`python benchmarks/docs_tables.py`) and must equal the committed text; the few figures
+typed by hand are recomputed from their sources; links resolve; the code's paths into docs/ exist; and the
+examples of the guides are real commands and runnable code."""
 
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
 from test_readme import commands, parse_all
+from trainmem.validation import docs as docs_tables
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import docs_tables  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 USER_DOCS = [ROOT / "README.md"] + sorted(p for p in (ROOT / "docs").rglob("*.md") if "lab" not in p.parts)
 
@@ -43,7 +41,7 @@ def test_figures_typed_by_hand_are_the_tables():
     readme = (ROOT / "README.md").read_text()
     # the autocast Gemma-3 row: today's worst peak_reserved of any set
     reserved = {name: docs_tables.Table(str(ROOT / "docs" / "data" / f"errors-{name.replace(' ', '-')}.md"))
-                .summary["reserved"][2] for name in docs_tables._sets()}
+                .summary["reserved"][2] for name in docs_tables.sets()}
     assert max(reserved, key=reserved.get) == "held-out 12"
     assert f"`peak_reserved` {reserved['held-out 12']:.2f}% low" in readme
     # the step-time model's worst row on runs it was not fitted on
@@ -100,7 +98,7 @@ def test_docs_data_holds_only_what_is_regenerated():
     reported live in docs/lab/data/."""
     names = sorted(p.name for p in (ROOT / "docs" / "data").iterdir())
     assert not [n for n in names if re.search(r"20\d\d-\d\d-\d\d|-at-[0-9a-f]+\.md$", n)]
-    assert {f"errors-{s.replace(' ', '-')}.md" for s in docs_tables._sets()} <= set(names)
+    assert {f"errors-{s.replace(' ', '-')}.md" for s in docs_tables.sets()} <= set(names)
 
 
 def test_every_guide_command_is_a_real_command(monkeypatch):

@@ -13,7 +13,7 @@ import pytest
 
 from trainmem.output.report import load_rows, tables, write_report
 
-SAMPLE = Path(__file__).parent / "data" / "chapter-sample.jsonl"
+SAMPLE = Path(__file__).parents[1] / "data" / "chapter-sample.jsonl"
 PNG = b"\x89PNG\r\n\x1a\n"
 
 

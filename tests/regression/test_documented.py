@@ -19,7 +19,7 @@ from trainmem import ModelSpec, TrainSetup
 from trainmem.estimator import estimate
 
 ROWS = [json.loads(line) for line in
-        (Path(__file__).parent.parent / "docs" / "data" / "documented-estimates.jsonl").read_text().splitlines()]
+        (Path(__file__).parents[2] / "docs" / "data" / "documented-estimates.jsonl").read_text().splitlines()]
 
 
 def _minor(v: str) -> str:

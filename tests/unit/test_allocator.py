@@ -20,8 +20,8 @@ from trainmem.estimator.memory.allocator import (
 )
 
 MiB = 2**20
-TRACE = Path(__file__).parent / "data" / "allocator-trace-polyglot-b4-h200.json.gz"
-LAB = Path(__file__).parent.parent / "docs" / "lab" / "data"
+TRACE = Path(__file__).parents[1] / "data" / "allocator-trace-polyglot-b4-h200.json.gz"
+LAB = Path(__file__).parents[2] / "docs" / "lab" / "data"
 """The dated measurement files, allocator traces among them."""
 
 
@@ -195,11 +195,8 @@ def test_trace_steps_prints_each_steps_peaks_of_a_recorded_trace(tmp_path, capsy
     another."""
     import gzip
     import json
-    import os
-    import sys
 
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-    import trace_steps
+    from trainmem.validation import traces as trace_steps
 
     MiB = 2**20
     events = [("alloc", 1, 30 * MiB, 0, ""), ("free_completed", 1, 30 * MiB, 0, ""),
@@ -208,7 +205,7 @@ def test_trace_steps_prints_each_steps_peaks_of_a_recorded_trace(tmp_path, capsy
     path = tmp_path / "traces.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump({"traces": [{"index": "w9", "arch": "tiny", "setup": {}, "events": events}]}, f)
-    assert trace_steps.main(str(path), "w9", 30, 1) == 0
+    assert trace_steps.print_windows(str(path), "w9", 30, 1) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "window 1: peak allocated 0.029 GiB, reserved 0.029 GiB" in lines[1]
     assert "window 2: peak allocated 0.029 GiB, reserved 0.029 GiB" in lines[2]

@@ -107,7 +107,7 @@ def test_a_bad_out_stops_every_command_before_any_work(tmp_path):
             assert p.returncode == 2 and "Traceback" not in p.stderr and p.stdout == "", p.stderr
             assert message in " ".join(p.stderr.split()), p.stderr
             assert took < 3, f"{command[0]} took {took:.1f} s: it should stop before loading the setup"
-    sample = Path(__file__).parent / "data" / "chapter-sample.jsonl"
+    sample = Path(__file__).parents[1] / "data" / "chapter-sample.jsonl"
     report = subprocess.run(CLI + ["report", str(sample), "--out", str(tmp_path / "a-file")],
                             capture_output=True, text=True)
     assert report.returncode == 2 and "Traceback" not in report.stderr
