@@ -575,7 +575,7 @@ def test_markup_in_user_text_is_printed_as_it_is(capsys, paths, monkeypatch, tmp
     from trainmem.output.report import plots
 
     monkeypatch.setattr(plots, "available", lambda: False)
-    sample = os.path.join(os.path.dirname(__file__), "data", "chapter-sample.jsonl")
+    sample = os.path.join(os.path.dirname(__file__), "..", "data", "chapter-sample.jsonl")
     code, out, _ = cli(capsys, ["report", sample, "--out", str(tmp_path)])
     assert code == 0 and "pip install 'trainmem[report]'" in out
 
