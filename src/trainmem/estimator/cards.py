@@ -29,7 +29,7 @@ simulation each; so is a setup whose notes are worded by the simulation (see `FS
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..errors import SetupError
@@ -122,7 +122,9 @@ def estimate_cards(spec: ModelSpec | str, setup: TrainSetup, cards: Iterable[str
     for group in groups(spec, setup, [c for c in cards if isinstance(out[c.name], Breakdown)]):
         ledger = _simulated_step(spec, setup, group[0])
         for card in group:
-            out[card.name] = _compose(out[card.name], ledger, spec, setup.replace(gpu=card.name))  # type: ignore[arg-type]
+            answer = out[card.name]
+            assert isinstance(answer, Breakdown)
+            out[card.name] = _compose(answer, ledger, spec, setup.replace(gpu=card.name))
     return out
 
 
@@ -147,7 +149,8 @@ def _compose(a: Breakdown, ledger: Any, spec: ModelSpec, setup: TrainSetup) -> B
     memory = dict(ledger.peak_split)
     memory["peak_allocated"] = max(ledger.peak, blocks or 0)
     memory["other"] += memory["peak_allocated"] - ledger.peak
-    terms = {"simulated_peak": ledger.peak, "cublas_workspace": runtime.CUBLAS_HANDLES * card.cublas_workspace,  # type: ignore[union-attr]
+    assert card is not None
+    terms = {"simulated_peak": ledger.peak, "cublas_workspace": runtime.CUBLAS_HANDLES * card.cublas_workspace,
              "replayed_reserved": reserved}
     paged = a.memory["device_used"] - a.memory["peak_reserved"] - a.device_overhead
     if setup.optimizer == "paged-adamw-8bit":
@@ -173,26 +176,31 @@ def largest_batches(spec: ModelSpec, setup: TrainSetup, cards: Iterable[str | GP
                     margin: float = 0.02) -> dict[str, int]:
     """card name -> the largest micro-batch whose analytic estimate fits it (0: none; a card that cannot run the
     setup, e.g. bf16 on a T4, is left out), searched as `trainmem max-batch` searches the estimate."""
-    from ..maxbatch import largest
-
     setup = setup.replace(gpu=None).validate(spec)
     out: dict[str, int] = {}
     for group in _analytic_groups(cards_of(cards)):
-        seen: dict[int, Breakdown | None] = {}
-
-        def at(b: int, rep: str = group[0].name) -> Breakdown | None:
-            if b not in seen:
-                try:
-                    seen[b] = estimate(spec, setup.replace(batch_size=b, gpu=rep), "analytic")
-                except SetupError:
-                    seen[b] = None
-            return seen[b]
-
-        for card in group:
-            if setup.replace(gpu=card.name).problems(spec):
-                continue
-            out[card.name] = largest(lambda b: bool(at(b) and at(b).fits(card, margin)))  # type: ignore[union-attr]
+        out.update(_largest_in_group(spec, setup, group, margin))
     return out
+
+
+def _largest_in_group(spec: ModelSpec, setup: TrainSetup, group: list[GPU], margin: float) -> dict[str, int]:
+    """Each card's search, every batch estimated once for the group (on its first card's runtime)."""
+    from ..maxbatch import largest
+
+    seen: dict[int, Breakdown | None] = {}
+
+    def at(b: int) -> Breakdown | None:
+        if b not in seen:
+            try:
+                seen[b] = estimate(spec, setup.replace(batch_size=b, gpu=group[0].name), "analytic")
+            except SetupError:
+                seen[b] = None
+        return seen[b]
+
+    def fits(card: GPU) -> Callable[[int], bool]:
+        return lambda b: (found := at(b)) is not None and found.fits(card, margin)
+
+    return {card.name: largest(fits(card)) for card in group if not setup.replace(gpu=card.name).problems(spec)}
 
 
 def _analytic_groups(cards: list[GPU]) -> list[list[GPU]]:
