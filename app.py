@@ -14,4 +14,5 @@ app = create_app(processes=int(os.environ.get("TRAINMEM_SERVE_WORKERS", "2")))
 if __name__ == "__main__":  # spawned worker processes import this file too: only the main one serves
     import uvicorn
 
-    uvicorn.run(app, host="0.0.0.0", port=int(os.environ.get("PORT", "7860")), log_level="warning")
+    uvicorn.run(app, host="0.0.0.0", port=int(os.environ.get("PORT", "7860")), log_level="warning",
+                timeout_graceful_shutdown=5)

@@ -23,6 +23,7 @@ import pytest
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium here (apt-get install chromium)")
+sync_api = pytest.importorskip("playwright.sync_api", reason="no playwright (pip install -e '.[test]')")
 SAMPLE = Path(__file__).parent / "data" / "chapter-sample.jsonl"
 SHOTS = os.environ.get("TRAINMEM_SCREENSHOTS")
 
@@ -61,7 +62,6 @@ def server():
 
 @pytest.fixture(scope="module")
 def page(server):
-    sync_api = pytest.importorskip("playwright.sync_api")
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
         context = browser.new_context(viewport={"width": 1440, "height": 1000}, accept_downloads=True)
@@ -147,9 +147,7 @@ def test_the_chapter_on_every_card_in_a_browser(page, tmp_path):
     config.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
                                   "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 256}))
     page.set_input_files("#config-file", str(config))
-    from playwright.sync_api import expect
-
-    expect(page.locator("#model")).to_have_value(re.compile("^upload:"), timeout=30_000)  # no eval: the CSP forbids it
+    sync_api.expect(page.locator("#model")).to_have_value(re.compile("^upload:"), timeout=30_000)  # no eval: the CSP forbids it
     page.wait_for_selector('#cards-table tr[data-card="T4"][data-level="fits"]', timeout=60_000)
     bad = tmp_path / "evil.json"
     bad.write_text(json.dumps({"model_type": "llama", "auto_map": {"AutoModel": "evil.Model"}}))

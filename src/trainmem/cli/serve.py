@@ -30,5 +30,6 @@ def main(args: argparse.Namespace) -> int:
         print(f"trainmem serve: listening on {args.host}: anyone who can reach this machine can use the page",
               file=sys.stderr)
     print(f"trainmem serve: http://{args.host}:{args.port}/ (Ctrl-C stops it)", file=sys.stderr, flush=True)
-    uvicorn.run(create_app(processes=max(1, args.workers)), host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(create_app(processes=max(1, args.workers)), host=args.host, port=args.port, log_level="warning",
+                timeout_graceful_shutdown=5)
     return 0

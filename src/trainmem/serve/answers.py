@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from .. import GPUS, SetupError, TrainSetup
 from ..gpus import GPU
-from .inputs import Query, model_ref, resolve
+from .inputs import Query, model_of, model_ref, read_query, resolve
 
 SIMULATE_TIMEOUT = 240.0
 """Seconds a simulate job (one runtime group) may run: 2-25 s a setup up to 8B parameters on 2 cores, times
@@ -77,7 +77,7 @@ def simulate_job(ref: tuple[str, ...], setup: dict[str, Any], cards: list[str]) 
 
     try:
         found = estimate_cards(_spec(ref), TrainSetup.from_dict(setup), cards, "simulate")
-    except Exception as e:  # noqa: BLE001: the page gets one line, the server's log the traceback
+    except Exception as e:  # noqa: BLE001 (the page gets one line, the log the traceback)
         import traceback
 
         traceback.print_exc()
@@ -125,11 +125,6 @@ class Workers:
         self.pids = context.Queue()
         self.pool = ProcessPoolExecutor(self.processes, mp_context=context, initializer=_start, initargs=(self.pids,))
 
-    def warm(self) -> None:
-        """Start the workers now (they import torch), so the first simulation does not wait for them."""
-        for _ in range(self.processes):
-            self.pool.submit(time.sleep, 0.5)
-
     def result(self, key: str, fn: Callable[..., tuple[str, Any]], *args: Any, limit: float = SIMULATE_TIMEOUT,
                what: str = "simulate") -> tuple[str, Any] | None:
         """The job's answer, None while it runs; submitted on the first call for `key`."""
@@ -151,7 +146,7 @@ class Workers:
             except (BrokenProcessPool, CancelledError):  # killed with another job's workers: run it again
                 self.jobs[key] = Job(self.pool.submit(fn, *args), limit, what)
                 return None
-            except Exception as e:  # noqa: BLE001: e.g. an answer that could not be sent back
+            except Exception as e:  # noqa: BLE001 (e.g. an answer that could not be sent back)
                 answer = ("problems", [f"{what}: {_problems(e)[0]}"])
             self._keep(key, answer)
             return answer
@@ -235,8 +230,11 @@ class Answers:
     def __init__(self, workers: Workers):
         self.workers = workers
         self.cache: OrderedDict[str, Any] = OrderedDict()
-        self.estimator = threading.Lock()
+        self.estimator = threading.RLock()
+        """Held by everything in this process that touches transformers or the estimator (see the module's
+        docstring); a hub id's config is fetched outside it, under `specs`."""
         self.specs = threading.Lock()
+        self.imported = False
 
     def _cached(self, key: str, make: Callable[[], Any], lock: threading.Lock | None = None) -> Any:
         if key not in self.cache:
@@ -247,6 +245,25 @@ class Answers:
         while len(self.cache) > KEEP:
             self.cache.popitem(last=False)
         return self.cache[key]
+
+    def query(self, form: dict[str, str]) -> Query:
+        """The request read and validated (`inputs.read_query`): its model fetched first, outside the estimator
+        lock (a hub id goes to the network), then validated under it (validation builds a meta model)."""
+        model = model_of(form)
+        try:
+            self.spec(model)
+        except SetupError:
+            pass  # read_query reports it with the rest
+        with self.estimator:
+            if not self.imported:
+                # transformers' lazy module fails when two threads import it first at once ("cannot import name
+                # 'CONFIG_MAPPING'", seen on a fresh server): the first request imports it alone
+                import transformers  # noqa: F401
+                from transformers import CONFIG_MAPPING, AutoModelForCausalLM  # noqa: F401
+
+                import trainmem.estimator  # noqa: F401
+                self.imported = True
+            return read_query(form, self.spec)
 
     def spec(self, model: str) -> Any:
         return self._cached(f"spec {model}", lambda: resolve(model_ref(model)), self.specs)

@@ -36,7 +36,7 @@ from starlette.staticfiles import StaticFiles
 from .. import SetupError
 from . import page
 from .answers import Answers, Workers, _problems
-from .inputs import BOUNDS, add_upload, read_query
+from .inputs import BOUNDS, add_upload
 
 QUICK_TIMEOUT = 60.0
 """Seconds the server waits for the analytic answer (a new hub model: its config fetched, its inventory built)."""
@@ -64,8 +64,8 @@ def _json(data: Any, status: int = 200) -> JSONResponse:
 
 
 def create_app(processes: int = 2, warm: bool = True) -> Starlette:
-    """The app; `processes` worker processes simulate and plan; `warm` starts them and answers the page's
-    first setup at start-up, so the first visitor finds it ready."""
+    """The app; `processes` worker processes simulate and plan; `warm` answers the page's first setup at
+    start-up (its simulations start the workers), so the first visitor finds it ready."""
     threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="trainmem-serve")
     reports: OrderedDict[str, str] = OrderedDict()
     state: dict[str, Any] = {}
@@ -74,9 +74,8 @@ def create_app(processes: int = 2, warm: bool = True) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state["workers"] = Workers(processes)
         state["answers"] = Answers(state["workers"])
-        if warm:
-            state["workers"].warm()
-            threads.submit(_quietly, lambda: state["answers"].estimate(read_query({}, state["answers"].spec)))
+        if warm:  # the page's first setup, answered before anyone asks (its simulations start the workers)
+            threads.submit(_quietly, lambda: state["answers"].estimate(state["answers"].query({})))
         yield
         state["workers"].close()
         threads.shutdown(wait=False, cancel_futures=True)
@@ -89,7 +88,7 @@ def create_app(processes: int = 2, warm: bool = True) -> Starlette:
                             "try again in a moment (a new model is fetched and counted once)"], 503) from None
 
     def query(form: dict[str, str]) -> Any:
-        return read_query(form, state["answers"].spec)
+        return state["answers"].query(form)
 
     async def home(request: Request) -> Response:
         return HTMLResponse(page.page(), headers={"Content-Security-Policy": PAGE_POLICY})

@@ -106,6 +106,8 @@ def add_upload(name: str, text: str) -> str:
 def model_ref(model: str) -> tuple[str, ...]:
     """What a worker process needs to build the same spec: ('preset'|'hub', name) or ('config', label, json)."""
     if model.startswith("upload:"):
+        if model[7:] not in _uploads:
+            raise SetupError(_model_problems(model))
         label, config = _uploads[model[7:]]
         return ("config", label, json.dumps(config))
     return ("hub" if "/" in model else "preset", model)
@@ -115,6 +117,8 @@ def resolve(ref: tuple[str, ...]) -> ModelSpec:
     """The spec of a model reference, never from a local path: a preset (or its hub id), the local Hugging Face
     cache, the Hub's config.json, or an uploaded config."""
     kind, name = ref[0], ref[1]
+    if _model_problems(name) and kind != "config":  # never a path, whoever asks
+        raise SetupError(_model_problems(name))
     if kind == "config":
         config = json.loads(ref[2])
         problems = check_config(config, "config.json")
@@ -144,6 +148,11 @@ def _model_problems(model: str) -> list[str]:
         return []
     return [f"--model: {model!r} is neither a preset ({', '.join(p for p in PRESETS if not p.startswith('tiny-'))}) "
             "nor a hub id (org/name[@revision]); upload a config.json for anything else (local paths are not read)"]
+
+
+def model_of(form: dict[str, str]) -> str:
+    """The model the form names (the page's first one when none)."""
+    return (form.get("model") or DEFAULTS["model"]).strip()
 
 
 def setup_values(form: dict[str, str], problems: list[str]) -> dict[str, Any]:
@@ -178,7 +187,7 @@ def read_query(form: dict[str, str], specs: Any = None) -> Query:
 
     `specs(model) -> ModelSpec` looks a model up (the server's cache); by default it is resolved here."""
     problems: list[str] = []
-    model = (form.get("model") or DEFAULTS["model"]).strip()
+    model = model_of(form)
     problems += _model_problems(model)
     values = setup_values(form, problems)
     card = form.get("card") or DEFAULTS["card"]
