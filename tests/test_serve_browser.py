@@ -74,6 +74,7 @@ def page(server):
 def shot(page, name: str) -> None:
     if SHOTS:
         Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        page.wait_for_timeout(1500)  # a frame just scrolled into view paints a moment later
         page.screenshot(path=str(Path(SHOTS) / f"serve-{name}.png"), full_page=False)
 
 
@@ -147,7 +148,8 @@ def test_the_chapter_on_every_card_in_a_browser(page, tmp_path):
     config.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
                                   "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 256}))
     page.set_input_files("#config-file", str(config))
-    sync_api.expect(page.locator("#model")).to_have_value(re.compile("^upload:"), timeout=30_000)  # no eval: the CSP forbids it
+    # expect, not wait_for_function: the page's content-security policy forbids evaluating strings
+    sync_api.expect(page.locator("#model")).to_have_value(re.compile("^upload:"), timeout=30_000)
     page.wait_for_selector('#cards-table tr[data-card="T4"][data-level="fits"]', timeout=60_000)
     bad = tmp_path / "evil.json"
     bad.write_text(json.dumps({"model_type": "llama", "auto_map": {"AutoModel": "evil.Model"}}))

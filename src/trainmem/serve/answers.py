@@ -30,8 +30,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Callable
 
-from .. import GPUS, SetupError, TrainSetup
-from ..gpus import GPU
+from .. import GPU, GPUS, SetupError, TrainSetup
 from .inputs import Query, model_of, model_ref, read_query, resolve
 
 SIMULATE_TIMEOUT = 240.0

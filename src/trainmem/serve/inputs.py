@@ -18,8 +18,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from .. import PRESETS, SetupError, TrainSetup, find_gpu
-from ..specs import ModelSpec
+from .. import PRESETS, ModelSpec, SetupError, TrainSetup, find_gpu
 
 BOUNDS = {"batch_size": 1024, "grad_accum": 64, "seq_len": 131072, "lora_r": 1024, "gpus": 64,
           "target": 4096}
