@@ -49,7 +49,7 @@ def _start(pids: Any) -> None:
     and import the estimator once, so that the first job does not pay for torch's import."""
     pids.put(os.getpid())
     if hasattr(os, "nice"):
-        os.nice(10)
+        os.nice(5)
     import torch
 
     import trainmem.estimator  # noqa: F401
