@@ -5,8 +5,9 @@ One setup asked on the page is answered for every catalog card at once. The answ
   (`estimator.cards.estimate_cards(.., "analytic")`, milliseconds a card once the model's parameter
   inventory is built) and each card's largest micro-batch (`largest_batches`, cached per setup without its
   micro-batch, so a change of micro-batch or card costs only the first);
-- in the background (spawned worker processes, `Workers`): the simulate method, one job per runtime group
-  (`estimator.cards.groups`: one simulated step serves every card of a group, each card then replays it
+- in the background (spawned worker processes, `Workers`), once the page asks for the same setup again (it
+  polls while anything is pending: a setup left alone for 0.8 s): the simulate method, one job per runtime
+  group (`estimator.cards.groups`: one simulated step serves every card of a group, each card then replays it
   under its own cap), the chosen card's group first; each row says which method its numbers come from and
   is swapped for the simulated one when its group is done. `plan` runs there too.
 Everything is cached per model and setup (`Answers`); a job past its time limit is killed with its process,
@@ -125,8 +126,8 @@ class Workers:
         self.pool = ProcessPoolExecutor(self.processes, mp_context=context, initializer=_start, initargs=(self.pids,))
 
     def result(self, key: str, fn: Callable[..., tuple[str, Any]], *args: Any, limit: float = SIMULATE_TIMEOUT,
-               what: str = "simulate") -> tuple[str, Any] | None:
-        """The job's answer, None while it runs; submitted on the first call for `key`."""
+               what: str = "simulate", submit: bool = True) -> tuple[str, Any] | None:
+        """The job's answer, None while it runs (or, with `submit` False, before it was submitted)."""
         from concurrent.futures.process import BrokenProcessPool
 
         with self.lock:
@@ -135,7 +136,8 @@ class Workers:
                 return self.done[key]
             job = self.jobs.get(key)
             if job is None:
-                self.jobs[key] = Job(self.pool.submit(fn, *args), limit, what)
+                if submit:
+                    self.jobs[key] = Job(self.pool.submit(fn, *args), limit, what)
                 return None
             if not job.future.done():
                 return None
@@ -234,6 +236,9 @@ class Answers:
         docstring); a hub id's config is fetched outside it, under `specs`."""
         self.specs = threading.Lock()
         self.imported = False
+        self.asked: OrderedDict[str, None] = OrderedDict()
+        """Setups asked for before: their simulation starts when the page asks again (it polls 0.8 s later),
+        so a form changed key by key does not queue a simulation per keystroke."""
 
     def _cached(self, key: str, make: Callable[[], Any], lock: threading.Lock | None = None) -> Any:
         if key not in self.cache:
@@ -282,13 +287,17 @@ class Answers:
         problems: list[str] = []
         pending = 0
         grouped: list[list[GPU]] = []
+        again = key in self.asked
+        self.asked[key] = None
+        while len(self.asked) > KEEP:
+            self.asked.popitem(last=False)
         if simulates(q.setup, "auto"):
             grouped = self._cached(f"groups {key}", lambda: groups(q.spec, q.setup))
             grouped = sorted(grouped, key=lambda g: all(c.name != q.card for c in g))  # the chosen card's first
             for group in grouped:
                 names = [c.name for c in group]
                 found = self.workers.result(f"simulate {key} {names}", simulate_job, model_ref(q.model),
-                                            q.setup.to_dict(), names)
+                                            q.setup.to_dict(), names, submit=again)
                 if found is None:
                     pending += 1
                 elif found[0] == "ok":
