@@ -209,3 +209,13 @@ def test_the_command_binds_to_this_machine_by_default():
     serve.register(parser)
     args = parser.parse_args([])
     assert (args.host, args.port) == ("127.0.0.1", 7860)
+
+
+def test_a_simulation_starts_when_the_page_asks_again(client):
+    """A form changed key by key queues nothing: the setup's simulations start on its second ask (the poll)."""
+    workers = client.app.state.serve["workers"]
+    params = {**TINY, "model": "tiny-gpt-neox", "batch_size": "3"}
+    first = client.get("/api/estimate", params=params).json()
+    assert first["pending"] == 3 and not [k for k in workers.jobs if '"batch_size": 3' in k and "gpt-neox" in k]
+    client.get("/api/estimate", params=params)
+    assert len([k for k in list(workers.jobs) + list(workers.done) if "tiny-gpt-neox" in k]) == 3
