@@ -24,11 +24,12 @@ from . import maxbatch as maxbatch_cmd
 from . import plan as plan_cmd
 from . import report as report_cmd
 from . import run as run_cmd
+from . import serve as serve_cmd
 from . import sweep as sweep_cmd
 from . import verify as verify_cmd
 
 COMMANDS = {"run": run_cmd, "estimate": estimate_cmd, "verify-accumulation": verify_cmd, "sweep": sweep_cmd,
-            "max-batch": maxbatch_cmd, "report": report_cmd, "plan": plan_cmd}
+            "max-batch": maxbatch_cmd, "report": report_cmd, "plan": plan_cmd, "serve": serve_cmd}
 THIRD_PARTY_LOGGERS = ("transformers", "huggingface_hub", "peft", "accelerate", "torch", "bitsandbytes")
 
 
