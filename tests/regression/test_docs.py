@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from test_readme import commands, parse_all
+
 from trainmem.validation import docs as docs_tables
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -112,12 +112,12 @@ ALLOWED: dict[str, set[str] | None] = {
     "estimator": BASE | {"estimator.memory", "estimator.time"},
     "integrations": BASE | {"measure", "estimator"},
     "isolation": BASE | {"measure", "integrations"},
-    "search": BASE | {"measure", "estimator", "isolation"},
+    "search": BASE | {"measure", "estimator", "estimator.memory", "isolation"},  # cards: the runtime groups
     "output": BASE | {"search"},
     "experiment": BASE | {"isolation"},
     "validation": BASE | {"measure", "estimator.memory", "estimator.time", "estimator", "integrations", "isolation",
                           "search", "output", "experiment", "serve", "trainmem"},  # on top: anything but cli
-    "serve": BASE | {"measure", "estimator", "isolation", "search", "output"},
+    "serve": None,  # on top, beside the CLI: the web page's own door to everything
     "cli": None,  # on top: anything
     "__main__": {"cli"},
     "trainmem": BASE | {"measure", "estimator", "isolation", "search", "output", "experiment", "integrations"},

@@ -37,8 +37,13 @@ class EstimateError(RuntimeError):
     """A model neither method can estimate: the one line says why (the CLI prints it, exit 1)."""
 
 
-def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str = "auto") -> Breakdown:
-    """The memory breakdown of `setup` on one CUDA GPU. Raises SetupError for bad input."""
+def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str = "auto", *,
+             step: Any = None) -> Breakdown:
+    """The memory breakdown of `setup` on one CUDA GPU. Raises SetupError for bad input.
+
+    `step`: the ledger of this setup's simulated step (`simulated_step`) made for another card of the same
+    runtime (cuBLAS workspace, flash kernel): cards that differ only in their capacity share one simulated
+    step, each replayed under its own cap (the every-card table of `search.cards`)."""
     from trainmem.errors import SetupError
 
     spec = ModelSpec.resolve(spec) if isinstance(spec, str) else spec
@@ -95,7 +100,7 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
     simulated = None
     if method == "simulate":
         try:
-            simulated = _simulate(spec, setup, precision, notes, runtime_card)
+            simulated = _simulate(spec, setup, precision, notes, runtime_card, step)
         except (UnknownValue, NotImplementedError) as e:  # the meta device cannot run this model's step
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             notes.append(f"the simulate method cannot run {spec.name}'s step on the meta device ({first}): "
@@ -267,15 +272,21 @@ def _lora_inputs(inv: states.Inventory, setup: TrainSetup, layers: int) -> int:
     return widths // layers
 
 
-def _simulate(spec: ModelSpec, setup: TrainSetup, precision: str, notes: list[str],
-              card: GPU) -> tuple[dict[str, int], str, dict[str, int], int]:
+def simulated_step(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU) -> Any:
+    """The recording ledger of `setup`'s simulated steps on `card`'s runtime: rank 0's under FSDP2, else the
+    model's own (`simulate.simulate_step`)."""
     if setup.shard == "fsdp":
-        ledger, _ = sharded.simulate_fsdp_rank(spec, setup, precision)
+        return sharded.simulate_fsdp_rank(spec, setup, precision)[0]
+    return simulate_step(model_builder(spec, setup, precision, card), setup, precision,
+                         workspace=card.cublas_workspace, flash=card.flash)[0]
+
+
+def _simulate(spec: ModelSpec, setup: TrainSetup, precision: str, notes: list[str], card: GPU,
+              step: Any = None) -> tuple[dict[str, int], str, dict[str, int], int]:
+    ledger = step if step is not None else simulated_step(spec, setup, precision, card)
+    if setup.shard == "fsdp":
         notes.append(f"simulated: rank 0 of {setup.gpus}, FSDP2 under PyTorch's fake process group on fake CPU "
                      "tensors; not modelled: NCCL's buffers, overlap of communication with compute")
-    else:
-        ledger, _ = simulate_step(model_builder(spec, setup, precision, card), setup, precision,
-                                  workspace=card.cublas_workspace, flash=card.flash)
     memory = dict(ledger.peak_split)  # cuBLAS workspaces included: the simulation allocates them
     replayed = _replay(ledger.events or [], steady_start(ledger), setup.cap_bytes(precision), notes)
     # torch.cuda.max_memory_allocated counts the allocator's blocks, which hold more than was asked for where
@@ -328,4 +339,4 @@ def _replay(events: list[tuple[int, int]], steady: int | None, cap: int | None, 
     return replayed
 
 
-__all__ = ["estimate", "Breakdown", "EstimateError", "METHODS", "ADVICE"]
+__all__ = ["estimate", "simulated_step", "Breakdown", "EstimateError", "METHODS", "ADVICE"]

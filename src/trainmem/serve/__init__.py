@@ -5,7 +5,7 @@
 
 `inputs.py` reads a request as the CLI reads flags, `answers.py` computes and caches the answers (analytic at
 once, simulate in worker processes), `page.py` renders them, `app.py` holds the routes. Nothing here models
-memory: every number is `trainmem.estimate`'s (through `estimator.cards`), `trainmem.make_plan`'s or
+memory: every number is `trainmem.estimate`'s (through `search.cards`), `trainmem.make_plan`'s or
 `trainmem.report`'s. See docs/guide/serve.md.
 """
 

@@ -2,12 +2,12 @@
 
 One setup asked on the page is answered for every catalog card at once. The answer comes in two passes:
 - at once (in the server's process, on its one estimator thread): the analytic estimate on every card
-  (`estimator.cards.estimate_cards(.., "analytic")`, milliseconds a card once the model's parameter
+  (`search.cards.estimate_cards(.., "analytic")`, milliseconds a card once the model's parameter
   inventory is built) and each card's largest micro-batch (`largest_batches`, cached per setup without its
   micro-batch, so a change of micro-batch or card costs only the first);
 - in the background (spawned worker processes, `Workers`), once the page asks for the same setup again (it
   polls while anything is pending: a setup left alone for 0.8 s): the simulate method, one job per runtime
-  group (`estimator.cards.groups`: one simulated step serves every card of a group, each card then replays it
+  group (`search.cards.groups`: one simulated step serves every card of a group, each card then replays it
   under its own cap), the chosen card's group first; each row says which method its numbers come from and
   is swapped for the simulated one when its group is done. `plan` runs there too.
 Everything is cached per model and setup (`Answers`); a job past its time limit is killed with its process,
@@ -73,7 +73,7 @@ def _problems(e: BaseException) -> list[str]:
 
 def simulate_job(ref: tuple[str, ...], setup: dict[str, Any], cards: list[str]) -> tuple[str, Any]:
     """The simulate method on `cards` (one runtime group): ('ok', card -> Breakdown or its problems)."""
-    from ..estimator.cards import estimate_cards
+    from trainmem.search.cards import estimate_cards
 
     try:
         found = estimate_cards(_spec(ref), TrainSetup.from_dict(setup), cards, "simulate")
@@ -274,7 +274,13 @@ class Answers:
 
     def estimate(self, q: Query) -> Answer:
         """Every card's answer for the query's setup: simulated where its group is done, else analytic."""
-        from ..estimator.cards import analytic_knows, estimate_cards, groups, largest_batches, simulates
+        from trainmem.search.cards import (
+            analytic_knows,
+            estimate_cards,
+            groups,
+            largest_batches,
+            simulates,
+        )
 
         start = time.monotonic()
         key = q.key

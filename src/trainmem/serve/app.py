@@ -178,7 +178,7 @@ def _row(r: Any) -> dict[str, Any]:
 
 
 def _plan_problems(target: str, allow: tuple[str, ...]) -> list[str]:
-    from ..plan import DIMENSIONS
+    from trainmem.search.plan import DIMENSIONS
 
     out = []
     if not target.isdigit() or not 1 <= int(target) <= BOUNDS["target"]:
@@ -212,8 +212,9 @@ def _report(text: str, gpu: Any, name: str = "") -> tuple[str, str]:
     """`trainmem report` on the uploaded rows, in a temporary folder: its HTML page and the phase timeline."""
     import re
 
+    from trainmem.output.report import write_report
+
     from .. import find_gpu, read_rows
-    from ..report import write_report
 
     if len(text.encode()) > MAX_ROWS_BYTES:
         raise Problems([f"FILE.jsonl: more than {MAX_ROWS_BYTES:,} bytes"], 413)

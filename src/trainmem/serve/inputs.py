@@ -134,7 +134,7 @@ def resolve(ref: tuple[str, ...]) -> ModelSpec:
 
 
 def _preset_hub_ids() -> set[str]:
-    from ..specs import HUB_IDS
+    from trainmem.config.presets import HUB_IDS
 
     return set(HUB_IDS)
 

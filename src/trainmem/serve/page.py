@@ -10,8 +10,9 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from trainmem.config.commands import describe
+
 from .. import GPUS, PRESETS
-from ..plan import describe
 from .answers import Answer, Row
 from .inputs import BOUNDS, CHOICES, DEFAULTS
 

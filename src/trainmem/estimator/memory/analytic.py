@@ -82,7 +82,7 @@ class Traits:
 def _moe(base: Any, cfg: Any, hidden: int) -> dict[str, int]:
     """A mixture of experts' shape, from the first module holding fused 3-D expert weights (transformers 5's
     experts: `gate_up_proj` or `up_proj`, and `down_proj`) and the shared experts' Linears beside it."""
-    from trainmem.estimator.time.step import TOP_K_FIELDS
+    from .states import experts_per_token
 
     for name, module in base.named_modules():
         weights = [p for p in module.parameters(recurse=False) if p.dim() == 3]
@@ -91,7 +91,7 @@ def _moe(base: Any, cfg: Any, hidden: int) -> dict[str, int]:
         experts = weights[0].shape[0]
         down = getattr(module, "down_proj", None)
         width = (down.numel() if isinstance(down, torch.Tensor) else weights[-1].numel()) // (experts * hidden)
-        k = next((getattr(cfg, f) for f in TOP_K_FIELDS if isinstance(getattr(cfg, f, None), int)), experts)
+        k = experts_per_token(cfg) or experts
         layer = name.rsplit(".", 2)[0]
         shared = sum(m.out_features for n, m in base.named_modules()
                      if n.startswith(layer + ".") and "shared" in n and isinstance(m, torch.nn.Linear)

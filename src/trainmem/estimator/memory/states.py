@@ -40,6 +40,15 @@ class Inventory:
     """The meta-device model, for structure (traits) and for the simulation."""
 
 
+TOP_K_FIELDS = ("num_experts_per_tok", "moe_topk", "top_k", "moe_k", "num_selected_experts")
+"""Config fields that name how many experts each token runs, across transformers' MoE families."""
+
+
+def experts_per_token(cfg: Any) -> int | None:
+    """How many experts each token of a mixture of experts runs (its top-k), None where the config names none."""
+    return next((getattr(cfg, f) for f in TOP_K_FIELDS if isinstance(getattr(cfg, f, None), int)), None)
+
+
 def weight_bytes_per(precision: str) -> int:
     return 2 if precision in ("fp16", "bf16") else 4
 

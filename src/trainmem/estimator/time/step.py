@@ -43,7 +43,7 @@ import torch
 
 from trainmem.config.setup import TrainSetup
 from trainmem.config.specs import ModelSpec
-from trainmem.estimator.memory.states import Inventory
+from trainmem.estimator.memory.states import Inventory, experts_per_token
 from trainmem.hardware.gpus import GPU, Speed, speed_of
 
 from . import kernels
@@ -265,14 +265,10 @@ def workload(spec: ModelSpec, inv: Inventory, setup: TrainSetup, precision: str,
                     counted.launches, quant_calls, step_ops, update_8bit)
 
 
-TOP_K_FIELDS = ("num_experts_per_tok", "moe_topk", "top_k", "moe_k", "num_selected_experts")
-"""Config fields that name how many experts each token runs, across transformers' MoE families."""
-
-
 def _active_share(cfg: Any, experts: int) -> float:
     """The fraction of a fused expert weight (`experts` x out x in) one token's products run: top-k of the
     experts. Where the config names no top-k, every expert counts (an upper bound)."""
-    k = next((getattr(cfg, f) for f in TOP_K_FIELDS if isinstance(getattr(cfg, f, None), int)), None)
+    k = experts_per_token(cfg)
     return min(k, experts) / experts if k else 1.0
 
 

@@ -1,12 +1,12 @@
-"""Every card at once (`estimator.cards`) is `trainmem.estimate` on each card, from one simulation per runtime group."""
+"""Every card at once (`search.cards`) is `trainmem.estimate` on each card, from one simulation per runtime group."""
 
 from __future__ import annotations
 
 import pytest
 
 import trainmem
-from trainmem.chapter import MODEL, RUNS
-from trainmem.estimator.cards import estimate_cards, groups, largest_batches
+from trainmem.config.chapter import MODEL, RUNS
+from trainmem.search.cards import estimate_cards, groups, largest_batches
 
 CHAPTER = {run.label: run.setup for run in RUNS}
 

@@ -24,7 +24,7 @@ import pytest
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium here (apt-get install chromium)")
 sync_api = pytest.importorskip("playwright.sync_api", reason="no playwright (pip install -e '.[test]')")
-SAMPLE = Path(__file__).parent / "data" / "chapter-sample.jsonl"
+SAMPLE = Path(__file__).parents[1] / "data" / "chapter-sample.jsonl"
 SHOTS = os.environ.get("TRAINMEM_SCREENSHOTS")
 
 

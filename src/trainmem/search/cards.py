@@ -1,7 +1,7 @@
 """Every catalog card at once: the estimate of one setup on each card, from one simulated step per runtime group.
 
     >>> import trainmem
-    >>> from trainmem.estimator.cards import estimate_cards
+    >>> from trainmem.search.cards import estimate_cards
     >>> spec, setup = trainmem.load_setup("polyglot-ko-1.3b", {"precision": "fp16", "batch_size": 16})
     >>> answers = estimate_cards(spec, setup, ["T4", "A100-40GB", "H100-80GB"])   # 3 simulations, not 3 x 18
     >>> answers["T4"].verdict("T4")["level"], answers["A100-40GB"].verdict("A100-40GB")["level"]
@@ -12,10 +12,9 @@ simulated step only through it: the cuBLAS workspace per handle (`GPU.cublas_wor
 runs (`GPU.flash`) and, under QLoRA, transformers' warm-up allocation, which is capped at the card's capacity
 (`quantized.warmup_bytes`). Cards alike in those form a runtime group (the T4 and V100s; the other pre-Hopper
 cards; the H100 and H200), and one simulated step serves the group. What is each card's own is cheap: the
-allocator replay of that step under the card's cap (`TrainSetup.cap_bytes`, 10-50 ms) and everything the
-analytic estimate of the same setup on that card already holds, which is the same under both methods (model
-states, the memory outside the allocator, the predicted step time, the setup and the model). The Breakdown
-per card is composed from the two as `estimate` composes it; `tests/test_cards.py` checks it equals
+allocator replay of that step under the card's cap (`TrainSetup.cap_bytes`, 10-50 ms), the analytic terms
+(milliseconds) and the step time (counted once per shape). Each card's Breakdown is `estimate`'s own, given the
+group's step (`estimate(..., step=...)`); `tests/unit/test_estimate_cards.py` checks it equals
 `estimate(spec, setup.replace(gpu=card))` for the chapter's setups on every card.
 
 `largest_batches` is `trainmem max-batch`'s search on the analytic estimate for every card, each batch
@@ -23,8 +22,7 @@ estimated once per runtime group (the analytic reserved bytes depend on the card
 each card judges them with `Breakdown.fits`).
 
 Limitations: a model the analytic method does not know (`analytic.Traits`) is estimated card by card, one
-simulation each; so is a setup whose notes are worded by the simulation (see `FSDP_NOTE`, copied from
-`estimator._simulate`, which the equality test guards).
+simulation each.
 """
 
 from __future__ import annotations
@@ -32,17 +30,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..errors import SetupError
-from ..gpus import CATALOG, GPU, find_gpu
-from ..setup import TrainSetup
-from ..specs import ModelSpec
-from . import METHODS, _replay, analytic, estimate, quantized, runtime, sharded, states
-from .breakdown import Breakdown
-from .simulate import model_builder, simulate_step, steady_start
+from trainmem.config.setup import TrainSetup
+from trainmem.config.specs import ModelSpec
+from trainmem.errors import SetupError
+from trainmem.estimator import METHODS, estimate, simulated_step
+from trainmem.estimator.breakdown import Breakdown
+from trainmem.estimator.memory import analytic, quantized, sharded, states
+from trainmem.hardware.gpus import CATALOG, GPU, find_gpu
 
-FSDP_NOTE = ("simulated: rank 0 of {gpus}, FSDP2 under PyTorch's fake process group on fake CPU tensors; "
-             "not modelled: NCCL's buffers, overlap of communication with compute")
-"""`estimator._simulate`'s note for a simulated FSDP2 rank, word for word."""
+from .maxbatch import largest
+
 
 def cards_of(cards: Iterable[str | GPU] | None) -> list[GPU]:
     """The cards named (every catalog card when None), as records; SetupError for a name that is none."""
@@ -120,56 +117,11 @@ def estimate_cards(spec: ModelSpec | str, setup: TrainSetup, cards: Iterable[str
     if not composed:
         return out
     for group in groups(spec, setup, [c for c in cards if isinstance(out[c.name], Breakdown)]):
-        ledger = _simulated_step(spec, setup, group[0])
+        first = setup.replace(gpu=group[0].name).validate(spec)
+        step = simulated_step(spec, first, first.resolved_precision(spec, "cuda"), group[0])
         for card in group:
-            answer = out[card.name]
-            assert isinstance(answer, Breakdown)
-            out[card.name] = _compose(answer, ledger, spec, setup.replace(gpu=card.name))
+            out[card.name] = estimate(spec, setup.replace(gpu=card.name), method, step=step)
     return out
-
-
-def _simulated_step(spec: ModelSpec, setup: TrainSetup, card: GPU) -> Any:
-    """The ledger of `estimator._simulate`'s step for `card`'s runtime group."""
-    setup = setup.replace(gpu=card.name).validate(spec)
-    precision = setup.resolved_precision(spec, "cuda")
-    if setup.shard == "fsdp":
-        return sharded.simulate_fsdp_rank(spec, setup, precision)[0]
-    return simulate_step(model_builder(spec, setup, precision, card), setup, precision,
-                         workspace=card.cublas_workspace, flash=card.flash)[0]
-
-
-def _compose(a: Breakdown, ledger: Any, spec: ModelSpec, setup: TrainSetup) -> Breakdown:
-    """The simulate method's Breakdown on `setup.gpu`: the group's simulated step replayed under this card's cap,
-    the rest from `a`, the analytic estimate of the same setup on this card (as `estimate` composes them)."""
-    setup = setup.validate(spec)
-    card = find_gpu(setup.gpu)  # type: ignore[arg-type]
-    precision = setup.resolved_precision(spec, "cuda")
-    notes: list[str] = [FSDP_NOTE.format(gpus=setup.gpus)] if setup.shard == "fsdp" else []
-    reserved, blocks = _replay(ledger.events or [], steady_start(ledger), setup.cap_bytes(precision), notes)
-    memory = dict(ledger.peak_split)
-    memory["peak_allocated"] = max(ledger.peak, blocks or 0)
-    memory["other"] += memory["peak_allocated"] - ledger.peak
-    assert card is not None
-    terms = {"simulated_peak": ledger.peak, "cublas_workspace": runtime.CUBLAS_HANDLES * card.cublas_workspace,
-             "replayed_reserved": reserved}
-    paged = a.memory["device_used"] - a.memory["peak_reserved"] - a.device_overhead
-    if setup.optimizer == "paged-adamw-8bit":
-        memory["peak_allocated"] -= memory["optimizer"]
-        memory["optimizer"] = 0
-    else:
-        terms["analytic_reserved"] = a.memory["peak_reserved"]
-    memory["peak_reserved"] = reserved
-    memory["device_used"] = reserved + a.device_overhead + paged
-    phase = "optimizer step" if ledger.peak_phase.endswith("optimizer") else "forward/backward"
-    # estimate's notes: the setup's, then the method's, then the step time's and the versions'; the analytic
-    # estimate of a sharded setup says it was modelled analytically, which the simulated one was not
-    split = next((i for i, n in enumerate(a.notes) if n.startswith(("time:", "no step time", "installed "))),
-                 len(a.notes))
-    analytic_only = f"--shard {setup.shard}: modelled by the analytic method only"
-    before = tuple(n for n in a.notes[:split] if not n.startswith(analytic_only))
-    return Breakdown("simulate", memory, dict(a.model_states), phase, dict(a.setup), dict(a.model),
-                     a.device_overhead, terms, (*before, *notes, *a.notes[split:]), dict(a.env),
-                     None if a.time is None else dict(a.time))
 
 
 def largest_batches(spec: ModelSpec, setup: TrainSetup, cards: Iterable[str | GPU] | None = None,
@@ -185,8 +137,6 @@ def largest_batches(spec: ModelSpec, setup: TrainSetup, cards: Iterable[str | GP
 
 def _largest_in_group(spec: ModelSpec, setup: TrainSetup, group: list[GPU], margin: float) -> dict[str, int]:
     """Each card's search, every batch estimated once for the group (on its first card's runtime)."""
-    from ..maxbatch import largest
-
     seen: dict[int, Breakdown | None] = {}
 
     def at(b: int) -> Breakdown | None:
