@@ -17,12 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from trainmem.measure.verify import (
-    DROPOUT_NOTE,
-    TOLERANCES,
-    VerifyReport,
-    verify_accumulation,
-)
+from trainmem.measure.verify import DROPOUT_NOTE, TOLERANCES, VerifyReport, verify_accumulation
 from trainmem.output.render import json_line
 
 from . import options
