@@ -34,15 +34,18 @@ def has_flash(sm: tuple[int, int]) -> bool:
     return (8, 0) <= sm <= (12, 1)
 
 
-def sdpa_kernel(dtype: Any, grouped: bool, mask: Any, flash: bool) -> str:
+def sdpa_kernel(dtype: Any, grouped: bool, mask: Any, flash: bool, broadcast: bool = False) -> str:
     """CUDA's choice among its SDPA kernels: `flash` for half precision on a card with flash and no mask; the
     memory-efficient kernel (`efficient`) for fp32, for a boolean mask (sliding windows, padding: flash takes
     none) and, on cards without flash (sm70, sm75), every dtype. That kernel takes no grouped KV heads in
     fp32 or without flash, so those fall back to the `math` path. `dtype` is q's as the kernel gets it: under
-    autocast the lower precision (autocast_mode.h lists SDPA)."""
+    autocast the lower precision (autocast_mode.h lists SDPA). `broadcast`: k and v have fewer heads than q
+    and the call does not say `enable_gqa`, so they are broadcast; only the math path broadcasts heads
+    (sdp_utils.cpp's `check_batch_size_and_num_heads_dense` refuses the fused kernels), as Falcon-7b's multi-query
+    attention calls it (an allocator trace of a Falcon-7b run on an H100, docs/lab)."""
     import torch
 
-    if grouped and (dtype == torch.float32 or not flash):
+    if broadcast or grouped and (dtype == torch.float32 or not flash):
         return "math"
     return "flash" if flash and mask is None and dtype in (torch.float16, torch.bfloat16) else "efficient"
 

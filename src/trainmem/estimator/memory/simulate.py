@@ -126,23 +126,26 @@ def _grouped_mm(a: torch.Tensor, b: torch.Tensor, *args: Any, offs: torch.Tensor
 _MATH_SDPA = torch.nn.functional.scaled_dot_product_attention
 
 
-def sdpa_call(query: torch.Tensor, key: torch.Tensor, args: tuple, kwargs: dict) -> tuple[torch.dtype, bool, Any]:
-    """(q's dtype as the kernel gets it, grouped KV heads, the mask) of an SDPA call, for `sdpa_kernel`."""
+def sdpa_call(query: torch.Tensor, key: torch.Tensor, args: tuple,
+              kwargs: dict) -> tuple[torch.dtype, bool, Any, bool]:
+    """(q's dtype as the kernel gets it, grouped KV heads, the mask, heads broadcast without `enable_gqa`) of an
+    SDPA call, for `hardware.cuda.sdpa_kernel`."""
     region = autocast.active()
     dtype = region.dtype if region is not None and query.is_floating_point() else query.dtype
-    grouped = bool(kwargs.get("enable_gqa")) and key.shape[-3] != query.shape[-3]
-    return dtype, grouped, kwargs.get("attn_mask", args[0] if args else None)
+    fewer = key.dim() >= 3 and key.shape[-3] != query.shape[-3]
+    gqa = bool(kwargs.get("enable_gqa"))
+    return dtype, gqa and fewer, kwargs.get("attn_mask", args[0] if args else None), fewer and not gqa
 
 
 def _fused_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, flash: bool = True,
                 inplace: InPlace | None = None, **kwargs: Any) -> torch.Tensor:
     """CUDA's SDPA kernel (`sdpa_kernel`) with its memory; the math path's attention matrix is saved (its mask
     added in place where `inplace` says the step runs without a mode)."""
-    dtype, grouped, mask = sdpa_call(query, key, args, kwargs)
+    dtype, grouped, mask, broadcast = sdpa_call(query, key, args, kwargs)
     region = autocast.active()
     if region is not None:
         query, key, value = (region.cast(t, region.dtype) for t in (query, key, value))
-    kernel = cuda.sdpa_kernel(dtype, grouped, mask, flash)
+    kernel = cuda.sdpa_kernel(dtype, grouped, mask, flash, broadcast)
     if kernel == "math":
         with inplace.math_attention() if inplace is not None else contextlib.nullcontext():
             return _MATH_SDPA(query, key, value, *args, **kwargs)

@@ -176,8 +176,8 @@ class _StandIns:
 
         def counted_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any,
                          **kwargs: Any) -> Any:
-            dtype, grouped, mask = sdpa_call(query, key, args, kwargs)
-            kernel = cuda.sdpa_kernel(dtype, grouped, mask, flash)
+            dtype, grouped, mask, broadcast = sdpa_call(query, key, args, kwargs)
+            kernel = cuda.sdpa_kernel(dtype, grouped, mask, flash, broadcast)
             out = sdpa(query, key, value, *args, **kwargs)
             if kernel == "math":  # its operators, products included, are counted as they run
                 return out
