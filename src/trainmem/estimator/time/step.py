@@ -155,7 +155,8 @@ class Workload:
     def model_flops(self) -> float:
         """FLOPs per step that train the model (recompute excluded), for MFU."""
         f = self.flops
-        return self.micro_steps * (f["forward"] + f["backward"] + f["attention"] * 3 / (3 + bool(f["recompute"])))
+        return self.micro_steps * (f["forward"] + f["backward"] + f.get("experts_fp32", 0.0)
+                                   + f["attention"] * 3 / (3 + bool(f["recompute"])))
 
 
 @dataclass(frozen=True)
@@ -221,12 +222,19 @@ def workload(spec: ModelSpec, inv: Inventory, setup: TrainSetup, precision: str,
             block_frozen += p.numel
     if head_name is None:  # tied: the head is the input embedding, trainable with it
         head_train = any(p.trainable for p in inv.params if p.name in embeddings)
-    block_frozen += experts_frozen
-    block_train += experts_train
+    # transformers casts the experts' input to their weights' dtype (grouped products are not autocast), so
+    # fp32 experts (autocast over fp32 weights, QLoRA's fp32 casts) multiply in fp32 while the rest is half
+    fp32_experts = precision.startswith("amp") or setup.peft == "qlora"
+    expert_flops = tokens * (2 * (experts_frozen + experts_train) + 2 * experts_frozen + 4 * experts_train
+                             + ck * 2 * (experts_frozen + experts_train))
+    if not fp32_experts:
+        block_frozen += experts_frozen
+        block_train += experts_train
     fwd = 2 * (block_frozen + block_train) + 2 * head_params
     bwd = 2 * block_frozen + 4 * block_train + (4 if head_train else 2) * head_params
     rec = ck * 2 * (block_frozen + block_train)
-    flops = {"forward": tokens * fwd, "backward": tokens * bwd, "recompute": tokens * rec}
+    flops = {"forward": tokens * fwd, "backward": tokens * bwd, "recompute": tokens * rec,
+             "experts_fp32": expert_flops if fp32_experts else 0.0}
     counted = kernels.count(spec, setup, precision, card)
     attention = counted.attention(b)  # counted per call, with the kernel CUDA picks for it
     flops["attention"] = sum(attention.values())
@@ -298,7 +306,7 @@ def step_time(work: Workload, card: GPU, speed: Speed | None = None, tf32: bool 
 
     slowdown = UNALIGNED_SLOWDOWN["Hopper" if card.sm >= (9, 0) else "other"]
     matmul = ((f["forward"] + f["backward"] + f["recompute"] + (slowdown - 1) * f.get("unaligned", 0.0))
-              / (peak(work.half) * eff(work.half)))
+              / (peak(work.half) * eff(work.half)) + f.get("experts_fp32", 0.0) / (peak(False) * EFF_FP32))
     # a matmul reads its weight while it computes: the weights' bytes only count where they take longer
     # than the matmuls' FLOPs (few tokens per micro-step), a roofline over the weight matmuls
     matmul = max(matmul, work.micro_bytes["weights"] / bandwidth)
