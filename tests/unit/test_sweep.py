@@ -264,3 +264,27 @@ def test_sigterm_stops_the_worker_keeps_the_rows_and_says_how_far(tmp_path):
     assert left == [], "the worker outlived the sweep's unwinding"
     assert not [p.pid for p in psutil.process_iter(["cmdline"]) if str(tmp) in " ".join(p.info["cmdline"] or [])]
     assert list(tmp.glob("trainmem-*")) == [] and not (tmp_path / "sweep.jsonl.lock").exists()
+
+
+def test_models_that_read_values_on_the_host_sweep_beside_a_working_model(tmp_path):
+    """OPT, BioGPT and a BigBird decoder read values of their masks and inputs on the host, which the meta
+    device cannot hold: each estimates (simulate, none falling back), and a sweep over them and a working model
+    writes every point."""
+    from transformers import CONFIG_MAPPING
+
+    small = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                 vocab_size=1024, max_position_embeddings=512)
+    models = []
+    for model_type, extra in (("opt", dict(ffn_dim=128, word_embed_proj_dim=64)), ("biogpt", {}),
+                              ("big_bird", dict(is_decoder=True, attention_type="original_full"))):
+        fields = {k: v for k, v in {**small, **extra}.items() if hasattr(CONFIG_MAPPING[model_type](), k)}
+        path = tmp_path / f"{model_type}.json"
+        path.write_text(json.dumps({"model_type": model_type, **fields}))
+        models.append(str(path))
+    out = tmp_path / "sweep.jsonl"
+    p = subprocess.run(CLI + ["--model", ",".join(models + ["tiny-llama"]), "--seq-len", "32", "--batch-size", "2",
+                              "--method", "estimate", "--estimator", "simulate", "--out", str(out)],
+                       capture_output=True, text=True)
+    rows = _rows(out)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    assert [r["status"] for r in rows] == ["ok"] * 4 and [r["method"] for r in rows] == ["simulate"] * 4
