@@ -108,3 +108,18 @@ def test_readme_is_for_users():
     """Short, and no validation history: that is docs/accuracy.md's and the lab book's."""
     assert len(README.splitlines()) <= 160
     assert not re.search(r"held-out|change [0-9]", README)
+
+
+def test_readme_estimate_example_prints_its_first_line_and_no_warning():
+    """The README's example output is what the command prints first, and a new user's run shows no
+    third-party warning (transformers', peft's, torch's are filtered unless --verbose)."""
+    import subprocess
+    import sys
+
+    block = re.search(r"```text\n\$ (trainmem estimate [^\n]+)\n([^\n]+)\n```", README)
+    assert block, "the README's example of an estimate's first line"
+    command, first = block.group(1), block.group(2)
+    p = subprocess.run([sys.executable, "-m", "trainmem.cli", *shlex.split(command)[1:]], capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0 and p.stdout.splitlines()[0] == first
+    assert not re.search(r"warn", p.stderr, re.I), p.stderr
