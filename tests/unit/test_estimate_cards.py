@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import trainmem
 from trainmem.config.chapter import MODEL, RUNS
 from trainmem.search.cards import estimate_cards, groups, largest_batches
+
+
+def _made(b):
+    """A Breakdown without the moment it was made (two estimates of one setup differ only there)."""
+    return dataclasses.replace(b, env={k: v for k, v in b.env.items() if k != "utc"})
 
 CHAPTER = {run.label: run.setup for run in RUNS}
 
@@ -48,7 +55,7 @@ def test_every_card_equals_estimate_with_that_card(chapter_spec, label):
         assert got.method == want.method == "simulate"
         v, w = got.verdict(name), want.verdict(name)
         assert (v["level"], v["headroom"]) == (w["level"], w["headroom"]), name
-        assert got == want, name  # memory, terms, notes, time: the whole Breakdown
+        assert _made(got) == _made(want), name  # memory, terms, notes, time: the whole Breakdown
     levels = {n: b.verdict(n)["level"] for n, b in answers.items()}
     assert levels["T4"] == ("no" if label == "batch 16" else "fits")  # the chapter's OOM, and its fitting run
     assert levels["A100-40GB"] == "fits"
@@ -77,7 +84,7 @@ def test_qlora_fsdp_and_paged_compose_as_estimate_does(fields):
         except trainmem.SetupError as e:  # bf16 on the T4
             assert answers[name].problems == e.problems
             continue
-        assert answers[name] == want, name
+        assert _made(answers[name]) == _made(want), name
     assert len(groups(spec, setup, cards)) == (1 if fields.get("shard") == "fsdp" else 3)
 
 
@@ -98,6 +105,7 @@ def test_largest_batches_is_max_batch_on_the_analytic_estimate(chapter_spec):
     found = largest_batches(chapter_spec, setup)
     assert set(found) == set(trainmem.GPUS)
     for card in ("T4", "RTX-3060-12GB", "A100-40GB"):  # without CUDA, max_batch searches the estimate only
-        assert found[card] == trainmem.max_batch(chapter_spec, setup.replace(gpu=card))["predicted"], card
+        answer = trainmem.max_batch(chapter_spec, setup.replace(gpu=card), estimator="analytic")
+        assert found[card] == answer["predicted"], card
     assert 8 <= found["T4"] < 16  # the chapter: batch 8 fits a T4, batch 16 does not
     assert largest_batches(chapter_spec, setup.replace(precision="bf16"), ["T4", "A10G"]).keys() == {"A10G"}
