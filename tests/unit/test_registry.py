@@ -17,8 +17,6 @@ import pytest
 from trainmem.validation import registry
 
 CAUSES = {
-    "SPECIAL_FLOATS": "config.json: inf written as {\"__float__\": \"Infinity\"} by save_pretrained is not decoded, "
-                      "so the strict config class refuses time_step_limit",
     "COMPOSITE": "config.json: a composite config whose text model AutoModelForCausalLM builds (Emu3ForCausalLM, "
                  "MllamaForCausalLM) is unwrapped to a text config that has no causal-LM class of its own",
     "MULTIMODAL": "refused by design: AutoModelForCausalLM builds the whole multimodal model (vision tower and "
@@ -36,8 +34,8 @@ CAUSES = {
     "HOST_READ_WEIGHTS": "simulate: BLT's patcher reads entropies of its own logits on the host to cut patches: "
                          "data- and weight-dependent shapes",
 }
-(SPECIAL_FLOATS, COMPOSITE, MULTIMODAL, PER_LAYER_SIZES, ANALYTIC_RAISES, NO_POSITION_LIMIT, CPU_PARAMETERS, HOST_READ,
- UNREACHED, HOST_READ_WEIGHTS) = CAUSES
+(COMPOSITE, MULTIMODAL, PER_LAYER_SIZES, ANALYTIC_RAISES, NO_POSITION_LIMIT, CPU_PARAMETERS, HOST_READ, UNREACHED,
+ HOST_READ_WEIGHTS) = CAUSES
 
 NOT_TRAINABLE = {
     "dbrx": "DbrxForCausalLM reads attn_config.rope_theta, which DbrxAttentionConfig no longer has",
@@ -51,7 +49,6 @@ NOT_TRAINABLE = {
 }
 
 BROKEN: dict[str, tuple[str, ...]] = {
-    **{t: (SPECIAL_FLOATS,) for t in ("bamba", "falcon_h1", "granitemoehybrid", "mamba2", "nemotron_h")},
     **{t: (COMPOSITE,) for t in ("emu3", "mllama")},
     **{t: (MULTIMODAL,) for t in ("fuyu", "gemma3", "gemma4", "gemma4_unified", "got_ocr2")},
     "gemma3n_text": (PER_LAYER_SIZES,),

@@ -156,6 +156,19 @@ def test_bad_config_file(tmp_path):
         ModelSpec.resolve(str(bad))
 
 
+def test_config_json_infinity_is_read_as_transformers_writes_it(tmp_path):
+    """save_pretrained (transformers 5) writes inf as {"__float__": "Infinity"}; the strict config class takes it
+    only decoded: Mamba-2's time_step_limit is [0.0, inf]."""
+    from transformers import Mamba2Config
+
+    Mamba2Config(hidden_size=64, num_hidden_layers=1, num_heads=8, head_dim=16, vocab_size=128,
+                 state_size=16, n_groups=1).save_pretrained(tmp_path)
+    assert '"__float__": "Infinity"' in (tmp_path / "config.json").read_text()
+    spec = ModelSpec.resolve(str(tmp_path / "config.json"))
+    assert spec.config["time_step_limit"] == [0.0, float("inf")]
+    assert spec.hf_config().time_step_limit == [0.0, float("inf")]
+
+
 def test_hub_cache_lookup(tmp_path, monkeypatch, model_dir):
     import shutil
 

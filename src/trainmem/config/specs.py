@@ -55,7 +55,7 @@ class ModelSpec:
             config = json.loads(p.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
             raise SetupError([f"--model: cannot read config {str(p)!r}: {e}"]) from None
-        return cls(name=str(p), config=causal_config(config, str(p)), source="config")
+        return cls(name=str(p), config=causal_config(special_floats(config), str(p)), source="config")
 
     @classmethod
     def from_dir(cls, path: str | os.PathLike, source: str = "dir") -> ModelSpec:
@@ -368,6 +368,23 @@ def _needs_is_decoder(model_class: type) -> bool:
     except (OSError, TypeError):
         return False
     return "not config.is_decoder" in source or "assert config.is_decoder" in source
+
+
+_FLOAT_TAGS = {"Infinity": float("inf"), "-Infinity": float("-inf"), "NaN": float("nan")}
+
+
+def special_floats(obj: Any) -> Any:
+    """A config.json's values as transformers reads them: since 5.x `save_pretrained` writes inf and nan as
+    `{"__float__": "Infinity"}` (configuration_utils.py `_encode_special_floats`) and `from_pretrained` decodes
+    them (`_decode_special_floats`); Falcon-H1's, Bamba's and Mamba-2's `time_step_limit` is `[0.0, inf]`.
+    Older files hold a bare `Infinity`, which `json.loads` already reads."""
+    if isinstance(obj, dict):
+        if set(obj) == {"__float__"} and obj["__float__"] in _FLOAT_TAGS:
+            return _FLOAT_TAGS[obj["__float__"]]
+        return {k: special_floats(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [special_floats(v) for v in obj]
+    return obj
 
 
 def split_revision(model_id: str) -> tuple[str, str | None]:
