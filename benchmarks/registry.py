@@ -213,8 +213,8 @@ def main(argv: list[str] | None = None) -> None:
     else:
         types = args.types or list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
         date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
-        default = repository.docs("lab", "data", f"registry-{date}.jsonl")
-        out = None if args.no_write else Path(args.out) if args.out else default
+        out = (None if args.no_write else Path(args.out) if args.out
+               else repository.docs("lab", "data", f"registry-{date}.jsonl"))
         header = {"command": "python benchmarks/registry.py" + (" " + " ".join(sys.argv[1:]) if sys.argv[1:] else ""),
                   "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
                   "transformers": transformers.__version__, "torch": torch.__version__, "peft": peft.__version__,
