@@ -17,14 +17,9 @@ import pytest
 from trainmem.validation import registry
 
 CAUSES = {
-    "COMPOSITE": "config.json: a composite config whose text model AutoModelForCausalLM builds (Emu3ForCausalLM, "
-                 "MllamaForCausalLM) is unwrapped to a text config that has no causal-LM class of its own",
     "MULTIMODAL": "refused by design: AutoModelForCausalLM builds the whole multimodal model (vision tower and "
                   "all), which trainmem does not model; the text config alone is the supported way",
     "PER_LAYER_SIZES": "config.json: Gemma-3n's per-layer intermediate_size list is refused as not a whole number",
-    "ANALYTIC_RAISES": "analytic: reading the traits raises AttributeError or transformers' per-layer-attribute "
-                       "error (no heads: RWKV, xLSTM; Gemma-4's per-layer head_dim) instead of falling back",
-    "NO_POSITION_LIMIT": "setup: XLNet's max_position_embeddings of -1 (no limit) is read as a limit of -1 tokens",
     "CPU_PARAMETERS": "simulate: parameters made by factories that ignore the device context (DiffLlama's "
                       "torch.normal lambdas, XLNet's FloatTensor) stay on the CPU in a meta model",
     "HOST_READ": "simulate: the forward reads on the host a value meta cannot know: routing counts (JetMoE's "
@@ -34,8 +29,7 @@ CAUSES = {
     "HOST_READ_WEIGHTS": "simulate: BLT's patcher reads entropies of its own logits on the host to cut patches: "
                          "data- and weight-dependent shapes",
 }
-(COMPOSITE, MULTIMODAL, PER_LAYER_SIZES, ANALYTIC_RAISES, NO_POSITION_LIMIT, CPU_PARAMETERS, HOST_READ, UNREACHED,
- HOST_READ_WEIGHTS) = CAUSES
+MULTIMODAL, PER_LAYER_SIZES, CPU_PARAMETERS, HOST_READ, UNREACHED, HOST_READ_WEIGHTS = CAUSES
 
 NOT_TRAINABLE = {
     "dbrx": "DbrxForCausalLM reads attn_config.rope_theta, which DbrxAttentionConfig no longer has",
@@ -49,19 +43,17 @@ NOT_TRAINABLE = {
 }
 
 BROKEN: dict[str, tuple[str, ...]] = {
-    **{t: (COMPOSITE,) for t in ("emu3", "mllama")},
     **{t: (MULTIMODAL,) for t in ("fuyu", "gemma3", "gemma4", "gemma4_unified", "got_ocr2")},
     "gemma3n_text": (PER_LAYER_SIZES,),
-    **{t: (ANALYTIC_RAISES,) for t in ("gemma4_text", "gemma4_unified_text", "rwkv", "xlstm")},
-    "xlnet": (NO_POSITION_LIMIT, CPU_PARAMETERS, UNREACHED),
+    "xlnet": (CPU_PARAMETERS, UNREACHED),
     "diffllama": (CPU_PARAMETERS,),
     **{t: (HOST_READ,) for t in ("aria_text", "jetmoe", "longcat_flash")},
     **{t: (HOST_READ, UNREACHED) for t in ("qwen4_exp", "qwen4_exp_text")},
     **{t: (UNREACHED,) for t in ("axk2", "bart", "big_bird", "bigbird_pegasus", "blenderbot", "blenderbot-small",
-                                 "deepseek_v32", "deepseek_v4", "glm_moe_dsa", "hy_v4", "marian", "mbart", "mvp",
-                                 "pegasus", "phi4_multimodal", "plbart", "prophetnet", "reformer", "trocr",
+                                 "deepseek_v32", "deepseek_v4", "glm_moe_dsa", "hy_v4", "marian", "mbart", "mllama",
+                                 "mvp", "pegasus", "phi4_multimodal", "plbart", "prophetnet", "reformer", "trocr",
                                  "whisper")},
-    "blt": (HOST_READ_WEIGHTS, ANALYTIC_RAISES),
+    "blt": (HOST_READ_WEIGHTS,),
 }
 
 

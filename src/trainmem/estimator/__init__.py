@@ -175,7 +175,7 @@ def _unaligned_note(spec: ModelSpec, work: timing.Workload, card: GPU, step_s: f
     saved = 1 - aligned.step_s / step_s
     if saved < 0.02:
         return None
-    vocab = int(getattr(spec.hf_config(), "vocab_size", 0) or 0)
+    vocab = int(getattr(spec.text_config(), "vocab_size", 0) or 0)
     what = (f"the output head's {vocab} tokens are not a multiple of 8: padding the vocabulary "
             "(model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=8))" if vocab % 8 else
             "some matmul dimensions are not multiples of 8: padding them")

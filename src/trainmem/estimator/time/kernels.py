@@ -202,19 +202,23 @@ class _StandIns:
         F.dropout, F.scaled_dot_product_attention, F.grouped_mm = self.saved
 
 
-def _layers_key(spec: ModelSpec) -> str:
-    return "n_layer" if "n_layer" in spec.config and "num_hidden_layers" not in spec.config else "num_hidden_layers"
+def _layers_key(config: dict) -> str:
+    return "n_layer" if "n_layer" in config and "num_hidden_layers" not in config else "num_hidden_layers"
 
 
 def _cut(spec: ModelSpec, layers: int, layer_type: str | None = None) -> ModelSpec:
     """`spec` with its first `layers` decoder layers only (per-layer lists of the config cut to match), or
-    with `layers` of one `layer_type` (`sliding_attention`, `full_attention`)."""
+    with `layers` of one `layer_type` (`sliding_attention`, `full_attention`); in a composite config (Emu3,
+    Mllama), of its `text_config`."""
     config = dict(spec.config)
-    config[_layers_key(spec)] = layers
+    text = dict(config["text_config"]) if isinstance(config.get("text_config"), dict) else config
+    text[_layers_key(text)] = layers
     if layer_type:
-        config["layer_types"] = [layer_type] * layers
-    elif isinstance(config.get("layer_types"), list):
-        config["layer_types"] = config["layer_types"][:layers]
+        text["layer_types"] = [layer_type] * layers
+    elif isinstance(text.get("layer_types"), list):
+        text["layer_types"] = text["layer_types"][:layers]
+    if text is not config:
+        config["text_config"] = text
     kind = f" {layer_type}" if layer_type else ""
     return dataclasses.replace(spec, name=f"{spec.name} [{layers}{kind} layers]", config=config)
 
@@ -263,7 +267,7 @@ def count(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU) -> Kern
 
 
 def _extrapolated(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU) -> Kernels:
-    layers = int(spec.hf_config().num_hidden_layers)  # transformers maps GPT-2's n_layer onto it
+    layers = int(spec.text_config().num_hidden_layers)  # transformers maps GPT-2's n_layer onto it
     traced = None
     if layers > 2:  # two layers or fewer: the whole model is as cheap to trace as the cut ones
         try:
@@ -295,7 +299,7 @@ def _attention(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU,
     launches are (the first layer differs: under LoRA or QLoRA its input needs no gradient, so neither does
     a frozen k), but by layer type where the config gives each layer one (Gemma's sliding and full layers,
     whose kernels differ): the cut models hold only the first layers' types, so each type gets its own."""
-    hf = spec.hf_config()  # layer types given in the config or derived by transformers (Gemma-3's pattern)
+    hf = spec.text_config()  # layer types given in the config or derived by transformers (Gemma-3's pattern)
     types, layers = getattr(hf, "layer_types", None), int(hf.num_hidden_layers)
     one, two = traced[(1, 1)].attention, traced[(2, 1)].attention
     if not isinstance(types, list) or len(set(types)) < 2:
