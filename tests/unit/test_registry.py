@@ -19,7 +19,6 @@ from trainmem.validation import registry
 CAUSES = {
     "MULTIMODAL": "refused by design: AutoModelForCausalLM builds the whole multimodal model (vision tower and "
                   "all), which trainmem does not model; the text config alone is the supported way",
-    "PER_LAYER_SIZES": "config.json: Gemma-3n's per-layer intermediate_size list is refused as not a whole number",
     "CPU_PARAMETERS": "simulate: parameters made by factories that ignore the device context (DiffLlama's "
                       "torch.normal lambdas, XLNet's FloatTensor) stay on the CPU in a meta model",
     "HOST_READ": "simulate: the forward reads on the host a value meta cannot know: routing counts (JetMoE's "
@@ -29,7 +28,7 @@ CAUSES = {
     "HOST_READ_WEIGHTS": "simulate: BLT's patcher reads entropies of its own logits on the host to cut patches: "
                          "data- and weight-dependent shapes",
 }
-MULTIMODAL, PER_LAYER_SIZES, CPU_PARAMETERS, HOST_READ, UNREACHED, HOST_READ_WEIGHTS = CAUSES
+MULTIMODAL, CPU_PARAMETERS, HOST_READ, UNREACHED, HOST_READ_WEIGHTS = CAUSES
 
 NOT_TRAINABLE = {
     "dbrx": "DbrxForCausalLM reads attn_config.rope_theta, which DbrxAttentionConfig no longer has",
@@ -44,7 +43,6 @@ NOT_TRAINABLE = {
 
 BROKEN: dict[str, tuple[str, ...]] = {
     **{t: (MULTIMODAL,) for t in ("fuyu", "gemma3", "gemma4", "gemma4_unified", "got_ocr2")},
-    "gemma3n_text": (PER_LAYER_SIZES,),
     "xlnet": (CPU_PARAMETERS, UNREACHED),
     "diffllama": (CPU_PARAMETERS,),
     **{t: (HOST_READ,) for t in ("aria_text", "jetmoe", "longcat_flash")},

@@ -279,6 +279,8 @@ POSITIVE = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_
             "intermediate_size", "vocab_size", "max_position_embeddings")
 """Model dimensions that must be whole numbers from 1 to 2**31 - 1 (beyond, tensor sizes overflow) where a config
 sets them, under the config class's names for them (`attribute_map`: GPT-2's n_layer is num_hidden_layers)."""
+PER_LAYER = ("intermediate_size",)
+"""Those a config may give per layer, as a list (Gemma-3n's FFN widths)."""
 
 
 def causal_config(config: Any, name: str) -> dict[str, Any]:
@@ -343,14 +345,16 @@ def causal_config(config: Any, name: str) -> dict[str, Any]:
 
 
 def _value_problems(config: dict[str, Any], config_class: type, where: str) -> list[str]:
-    """Dimensions that are not whole numbers in range (`POSITIVE`) and dropouts that are not probabilities, under
-    the config class's names for them."""
+    """Dimensions that are not whole numbers in range (`POSITIVE`, a per-layer list element by element: Gemma-3n's
+    `intermediate_size`) and dropouts that are not probabilities, under the config class's names for them."""
     problems = []
     names = config_class.attribute_map
     for attr in POSITIVE:  # before transformers divides by one of them
         key = names.get(attr, attr)
         value = config.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**31):
+        values = value if attr in PER_LAYER and isinstance(value, list) and value else [value]
+        if value is not None and any(isinstance(v, bool) or not isinstance(v, int) or not 1 <= v < 2**31
+                                     for v in values):
             problems.append(f"{where}: {key} must be a whole number from 1 to 2**31 - 1, got {value!r}")
     for key, value in config.items():  # a dropout the model cannot apply fails at its first forward
         if (("dropout" in key or key.endswith("pdrop")) and isinstance(value, (int, float))
