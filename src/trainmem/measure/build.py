@@ -95,11 +95,18 @@ def lora_config(setup: TrainSetup) -> Any:
 
 def random_model(spec: ModelSpec, dtype: torch.dtype, attention: str, device: str) -> torch.nn.Module:
     """The model of `spec`'s config with random weights, built directly on `device` (`meta`: no memory, for
-    the estimator's simulation of the same model)."""
+    the estimator's simulation of the same model). Parameters that a factory made on the CPU despite the device
+    context (DiffLlama's `torch.normal(mean, std, size=...)` lambdas, XLNet's `torch.FloatTensor`) are moved to
+    `device` after the others, as `from_pretrained(device_map=...)` places them; on meta a CPU parameter could not
+    take its meta gradient."""
     from transformers import AutoModelForCausalLM
 
     with torch.device(device):
-        return AutoModelForCausalLM.from_config(spec.hf_config(), dtype=dtype, attn_implementation=attention)
+        model = AutoModelForCausalLM.from_config(spec.hf_config(), dtype=dtype, attn_implementation=attention)
+    where = torch.device(device).type
+    if any(t.device.type != where for t in (*model.parameters(), *model.buffers())):
+        model.to(device)
+    return model
 
 
 def add_adapters(model: torch.nn.Module, setup: TrainSetup) -> torch.nn.Module:
