@@ -27,7 +27,7 @@ from trainmem.version import stamp
 from .breakdown import ADVICE, Breakdown
 from .memory import allocator, analytic, runtime, sharded, sharding, states
 from .memory.simulate import model_builder, simulate_step, steady_start
-from .memory.values import UnknownValue
+from .memory.hostvalues import ROUTING_BALANCED, ROUTING_FREE, UnknownValue
 from .time import step as timing
 
 METHODS = ESTIMATORS
@@ -111,6 +111,8 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
                 raise EstimateError(f"{spec.name}: neither method can estimate it: {first}; and the analytic "
                                     f"method does not know its modules ({missing})") from None
             method = "analytic"
+    if _grouped_experts(inv) and ROUTING_BALANCED not in notes:
+        notes.append(ROUTING_FREE)
     if simulated is not None:
         memory, phase, terms, reserved = simulated
         if card is not None and setup.optimizer != "paged-adamw-8bit":
@@ -247,6 +249,11 @@ def _analytic(inv: states.Inventory, setup: TrainSetup, precision: str, ms: dict
     return memory, phase, terms
 
 
+def _grouped_experts(inv: states.Inventory) -> bool:
+    """Whether the model holds transformers' fused 3-D expert weights (run by `grouped_mm`)."""
+    return any(len(p.shape) == 3 and "experts" in p.name for p in inv.params)
+
+
 def _largest_layer(inv: states.Inventory) -> int:
     """Bytes of the largest numbered block's parameters (what ZeRO-3 / FSDP gathers at a time)."""
     import re
@@ -284,6 +291,8 @@ def simulated_step(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU
 def _simulate(spec: ModelSpec, setup: TrainSetup, precision: str, notes: list[str], card: GPU,
               step: Any = None) -> tuple[dict[str, int], str, dict[str, int], int]:
     ledger = step if step is not None else simulated_step(spec, setup, precision, card)
+    if getattr(ledger, "balanced_routing", False):
+        notes.append(ROUTING_BALANCED)
     if setup.shard == "fsdp":
         notes.append(f"simulated: rank 0 of {setup.gpus}, FSDP2 under PyTorch's fake process group on fake CPU "
                      "tensors; not modelled: NCCL's buffers, overlap of communication with compute")

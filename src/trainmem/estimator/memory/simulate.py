@@ -36,7 +36,7 @@ from trainmem.measure.train import PROBE_STEPS
 
 from . import autocast, quantized, states
 from .inplace import InPlace
-from .values import MetaValues
+from .hostvalues import HostValues
 
 
 class _FlashSDPA(torch.autograd.Function):
@@ -157,15 +157,17 @@ def _fused_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *ar
 
 @contextlib.contextmanager
 def cuda_choices(attention: str, flash: bool = True, inplace: InPlace | None = None,
-                 zeros: tuple[torch.Tensor, ...] = ()) -> Iterator[None]:
+                 zeros: tuple[torch.Tensor, ...] = ()) -> Iterator[HostValues]:
     """Patch what the meta device would do differently from CUDA, for the duration of a simulation (with
     `inplace`, the recording ledger's: the math SDPA path's mask add is marked for it), and answer the values
-    a forward reads on the host where they are known (`values.MetaValues`; `zeros`: the dummy batch)."""
+    a forward reads on the host (`hostvalues.HostValues`, yielded; `zeros`: the dummy batch, all zeros)."""
     import transformers.masking_utils as masking
+    from transformers import PreTrainedModel
 
     F = torch.nn.functional
     saved = (F.scaled_dot_product_attention, F.dropout, masking.find_packed_sequence_indices,
-             getattr(F, "grouped_mm", None), getattr(torch, "_grouped_mm", None))
+             getattr(F, "grouped_mm", None), getattr(torch, "_grouped_mm", None),
+             PreTrainedModel.warn_if_padding_and_no_attention_mask)
     try:
         if attention != "eager":  # "auto" too: transformers picks SDPA wherever a model has it
             F.scaled_dot_product_attention = functools.partial(_fused_sdpa, flash=flash, inplace=inplace)
@@ -173,13 +175,16 @@ def cuda_choices(attention: str, flash: bool = True, inplace: InPlace | None = N
         # packed-sequence detection reads position ids on the host, which meta tensors cannot do
         masking.find_packed_sequence_indices = lambda *a, **k: None
         F.grouped_mm = torch._grouped_mm = _grouped_mm
-        with MetaValues() as known:
+        # a warning only (BERT-like models: is a pad id among the first and last ids?), whose index tensor is
+        # made outside any dispatch mode, so that no twin holds its values
+        PreTrainedModel.warn_if_padding_and_no_attention_mask = lambda *a, **k: None
+        with HostValues() as host:
             for t in zeros:
-                known.mark(t, 0)
-            yield
+                host.give(t, torch.zeros(t.shape, dtype=t.dtype))
+            yield host
     finally:
         (F.scaled_dot_product_attention, F.dropout, masking.find_packed_sequence_indices, F.grouped_mm,
-         torch._grouped_mm) = saved
+         torch._grouped_mm, PreTrainedModel.warn_if_padding_and_no_attention_mask) = saved
 
 
 _MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
@@ -237,6 +242,8 @@ class SimulatedLedger(TensorLedger):
     def __init__(self, state: Callable[[], StateBytes]):
         super().__init__(state)
         self.inplace = InPlace()
+        self.balanced_routing = False
+        """Whether the step's host reads needed the balanced-routing assumption (`hostvalues.ROUTING_BALANCED`)."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         done = self.inplace.add(func, args)
@@ -327,7 +334,7 @@ def _steps(build: Callable[[TensorLedger], Any], setup: TrainSetup, amp: Any, le
     batch = {"input_ids": ids, "labels": ids}
     tokens = setup.grad_accum * setup.batch_size * (setup.seq_len - 1)
     final = StateBytes(0, 0, 0)
-    with cuda_choices(setup.attention, flash, ledger.inplace, zeros=(ids,)), ledger:
+    with cuda_choices(setup.attention, flash, ledger.inplace, zeros=(ids,)) as host, ledger:
         for step in range(1, STEPS + 1):
             ledger.inplace.enabled = step > PROBE_STEPS
             for k in range(1, setup.grad_accum + 1):
@@ -343,4 +350,5 @@ def _steps(build: Callable[[TensorLedger], Any], setup: TrainSetup, amp: Any, le
             optimizer.step()
             final = state_bytes(model, optimizer)
             optimizer.zero_grad(set_to_none=True)
+    ledger.balanced_routing = host.balanced
     return ledger, final
