@@ -145,14 +145,14 @@ class _StandIns:
     meta: CUDA's fused dropout is one kernel forward (reads x, writes the output and a 1-byte mask) and one
     backward (reads the gradient and the mask, writes the input gradient); a fused attention kernel is one
     launch forward and two backward (FlashAttention-2's preprocessing and main kernel), its bytes part of its
-    FLOP time (`timing.EFF_FLASH`). Installed inside `simulate.cuda_choices`, around its stand-ins."""
+    FLOP time (`timing.EFF_FLASH`). Installed inside `standins.cuda_choices`, around its stand-ins."""
 
     def __init__(self, count: _Count, flash: bool):
         self.count = count
         self.flash = flash
 
     def __enter__(self) -> None:
-        from trainmem.estimator.memory.simulate import sdpa_call
+        from trainmem.estimator.memory.standins import sdpa_call
 
         F = torch.nn.functional
         self.saved = (F.dropout, F.scaled_dot_product_attention, F.grouped_mm)
@@ -234,11 +234,8 @@ class _Traced(NamedTuple):
 
 def _trace(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU) -> _Traced:
     """The kernels of one micro-step of `setup` on `spec`'s model, on the meta device."""
-    from trainmem.estimator.memory.simulate import (
-        cuda_choices,
-        model_builder,
-        train_mode,
-    )
+    from trainmem.estimator.memory.simulate import model_builder, train_mode
+    from trainmem.estimator.memory.standins import cuda_choices
     from trainmem.measure.build import AUTOCAST_DTYPES
 
     model = model_builder(spec, setup, precision, card)(TensorLedger(lambda: StateBytes(0, 0, 0)))
