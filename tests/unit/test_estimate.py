@@ -232,6 +232,22 @@ def test_methods_and_fallbacks():
         estimate(spec, TrainSetup(batch_size=0))
 
 
+def test_parameters_the_loss_never_reaches_get_no_gradient_nor_optimizer_state(tmp_path):
+    """BART's decoder-only causal LM has cross-attention with no encoder to attend to: its weights take no gradient
+    in a real step, so neither a gradient nor AdamW's two moments and step are counted for them."""
+    from trainmem.validation import registry
+
+    registry.tiny_config("bart").save_pretrained(tmp_path)
+    spec = ModelSpec.resolve(str(tmp_path / "config.json"))
+    setup = TrainSetup(batch_size=2, seq_len=32, precision="fp32", device="cpu")
+    inv = states.inventory(spec, setup, "fp32")
+    unreached = [p for p in inv.params if p.trainable and not p.reached]
+    assert unreached and all(".encoder_attn" in p.name for p in unreached)
+    cross = sum(p.numel for p in unreached)
+    assert states.gradients(inv) == 4 * (sum(p.numel for p in inv.params) - cross)
+    assert states.optimizer(inv, "adamw") == sum(8 * p.numel + 4 for p in inv.params if p.updated)
+
+
 def test_estimate_cli_json_and_errors():
     cmd = [sys.executable, "-m", "trainmem.cli", "estimate", "--model", "polyglot-ko-1.3b", "--precision", "fp16",
            "--batch-size", "16", "--gpu", "T4", "--method", "analytic", "--json"]

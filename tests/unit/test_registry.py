@@ -19,12 +19,10 @@ from trainmem.validation import registry
 CAUSES = {
     "MULTIMODAL": "refused by design: AutoModelForCausalLM builds the whole multimodal model (vision tower and "
                   "all), which trainmem does not model; the text config alone is the supported way",
-    "UNREACHED": "states: gradients and optimizer states counted for trainable parameters the loss never reaches "
-                 "(cross-attention with no encoder, towers with no image, indexers behind a top-k, unused heads)",
     "HOST_READ_WEIGHTS": "simulate: BLT's patcher reads entropies of its own logits on the host to cut patches: "
                          "data- and weight-dependent shapes",
 }
-MULTIMODAL, UNREACHED, HOST_READ_WEIGHTS = CAUSES
+MULTIMODAL, HOST_READ_WEIGHTS = CAUSES
 
 NOT_TRAINABLE = {
     "dbrx": "DbrxForCausalLM reads attn_config.rope_theta, which DbrxAttentionConfig no longer has",
@@ -39,10 +37,6 @@ NOT_TRAINABLE = {
 
 BROKEN: dict[str, tuple[str, ...]] = {
     **{t: (MULTIMODAL,) for t in ("fuyu", "gemma3", "gemma4", "gemma4_unified", "got_ocr2")},
-    **{t: (UNREACHED,) for t in ("axk2", "bart", "big_bird", "bigbird_pegasus", "blenderbot", "blenderbot-small",
-                                 "deepseek_v32", "deepseek_v4", "glm_moe_dsa", "hy_v4", "marian", "mbart", "mllama",
-                                 "mvp", "pegasus", "phi4_multimodal", "plbart", "prophetnet", "qwen4_exp",
-                                 "qwen4_exp_text", "reformer", "trocr", "whisper", "xlnet")},
     "blt": (HOST_READ_WEIGHTS,),
 }
 

@@ -267,8 +267,9 @@ def _largest_layer(inv: states.Inventory) -> int:
 
 
 def _step_scalars(inv: states.Inventory, optimizer: str) -> int:
-    """torch AdamW's fp32 `step`, one per trainable parameter tensor (`states.optimizer` counts it), whole on every rank."""
-    return 4 * sum(1 for p in inv.params if p.trainable) if optimizer in ("adamw", "adamw-fused") else 0
+    """torch AdamW's fp32 `step`, one per trainable parameter tensor the loss reaches (`states.optimizer` counts
+    it), whole on every rank."""
+    return 4 * sum(1 for p in inv.params if p.updated) if optimizer in ("adamw", "adamw-fused") else 0
 
 
 def _lora_inputs(inv: states.Inventory, setup: TrainSetup, layers: int) -> int:
