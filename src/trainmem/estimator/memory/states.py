@@ -74,11 +74,15 @@ def meta_model(spec: ModelSpec, setup: TrainSetup, precision: str) -> Any:
 
 
 def quantizable(model: Any) -> set[str]:
-    """Names of the Linear layers bitsandbytes converts to 4-bit: every nn.Linear but the output head
-    (transformers' `get_keys_to_not_convert` keeps `lm_head` / the output embeddings unquantized)."""
+    """Names of the layers bitsandbytes converts to 4-bit, as transformers picks them (integrations/bitsandbytes.py
+    `replace_with_bnb_linear`: `isinstance(module, Conv1D) or type(module) is nn.Linear`): every exact nn.Linear
+    and GPT-2's Conv1D, not a Linear subclass (Falcon's FalconLinear stays 16-bit), and not the output head
+    (`get_keys_to_not_convert` keeps `lm_head` / the output embeddings unquantized)."""
+    from transformers.pytorch_utils import Conv1D
+
     head = model.get_output_embeddings()
     return {name for name, mod in model.named_modules()
-            if type(mod) is torch.nn.Linear and mod is not head and "lora_" not in name}
+            if (type(mod) is torch.nn.Linear or isinstance(mod, Conv1D)) and mod is not head and "lora_" not in name}
 
 
 _CACHE: dict[tuple, Inventory] = {}
