@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from trainmem.config.setup import TrainSetup
+from trainmem.config.setup import TrainSetup, peft_targets
 from trainmem.config.specs import ModelSpec
 from trainmem.errors import SetupError
 
@@ -87,10 +87,9 @@ def lora_config(setup: TrainSetup) -> Any:
     QLoRA simulation adapt exactly the same modules."""
     from peft import LoraConfig
 
-    # peft takes the string "all-linear" (every Linear but the output head), not a list holding it
-    targets = "all-linear" if setup.lora_targets == ["all-linear"] else setup.lora_targets
+    # peft takes the string "all-linear" (every Linear but the output head) or a regex, not a list holding one
     return LoraConfig(r=setup.lora_r, lora_alpha=setup.lora_alpha, lora_dropout=setup.lora_dropout,
-                      target_modules=targets, bias="none", task_type="CAUSAL_LM")
+                      target_modules=peft_targets(setup.lora_targets), bias="none", task_type="CAUSAL_LM")
 
 
 def random_model(spec: ModelSpec, dtype: torch.dtype, attention: str, device: str) -> torch.nn.Module:
