@@ -5,7 +5,7 @@ model states compared to the byte, and a LoRA estimate (`trainmem.validation.reg
     nice -n 10 python benchmarks/registry.py          # every type: docs/lab/data/registry-<date>.jsonl, docs/models.md
     python benchmarks/registry.py --types opt llama --no-write        # a few, printed only
     python benchmarks/registry.py --types opt --out /tmp/opt.jsonl    # a few, rows to a file of your own
-    python benchmarks/registry.py --render docs/lab/data/registry-2026-12-06.jsonl   # the table again, no runs
+    python benchmarks/registry.py --render docs/lab/data/registry-2026-12-05.jsonl   # the table again, no runs
 
 Each type runs in its own process, forked from a server that has imported torch, transformers and trainmem
 once (multiprocessing's forkserver), so that a crash or a hang (`--timeout`, default 120 s) ends that type's
@@ -19,6 +19,7 @@ import datetime as dt
 import json
 import multiprocessing as mp
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -107,19 +108,24 @@ def _ok(value: Any) -> str:
     return "✓" if value == "ok" else "✗" if value else "·"
 
 
+def _short(text: str, width: int) -> str:
+    """A recorded reason for the table: without its frames and the harness's temporary folder."""
+    return re.sub(r"/\S*?/trainmem-registry-[^/]+/", "", str(text).split(" @ ")[0])[:width]
+
+
 def _note(row: dict[str, Any]) -> str:
     """The first failure's one-line reason, without its frames, for the table; else an assumption the
     estimate made (its routing note) or a fallback to the other method."""
     if not row.get("trains_plain"):
-        return str(row.get("plain_error", "")).split(" @ ")[0][:160]
+        return _short(row.get("plain_error", ""), 160)
     for k in DOORS:
         if row.get(k) not in ("ok", None) and not str(row[k]).startswith("fallback"):
-            return f"{k.replace('estimate_', '')}: " + str(row[k]).split(" @ ")[0][:150]
+            return f"{k.replace('estimate_', '')}: " + _short(row[k], 150)
     if row.get("states_exact") is False:
         return "model states differ: " + json.dumps(row.get("measured_states")) + " measured vs " + \
             json.dumps(row.get("estimated_states"))
     if row.get("lora") not in ("ok", None):
-        return "lora: " + str(row["lora"]).split(" @ ")[0][:150]
+        return "lora: " + _short(row["lora"], 150)
     routing = [n for n in row.get("notes_simulate", []) if n.startswith("routing:")]
     if routing:
         return routing[0].split(";")[0][:150]
@@ -185,7 +191,7 @@ def render(rows: list[dict[str, Any]], header: dict[str, Any]) -> str:
               "| type | family | why |", "|---|---|---|"]
     for r in rows:
         if not r.get("trains_plain"):
-            why = str(r.get("plain_error", "")).replace("|", "\\|")[:300]
+            why = _short(r.get("plain_error", ""), 300).replace("|", "\\|")
             lines.append(f"| {r['type']} | {r.get('family', '')} | {why} |")
     return "\n".join(lines) + "\n"
 
