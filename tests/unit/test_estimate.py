@@ -95,6 +95,24 @@ def test_simulated_bitsandbytes_states_equal_the_closed_form_rules(kw):
     assert (final.weights, final.optimizer) == (states.weights(inv), states.optimizer(inv, setup.optimizer))
 
 
+def test_gpt2_qlora_quantizes_its_conv1d_layers_as_transformers_does():
+    """transformers' replace_with_bnb_linear converts GPT-2's Conv1D (transposed) and exact nn.Linear, not the
+    head: QLoRA's weights are the NF4 bytes of every Conv1D plus the rest in fp32, below LoRA's 16-bit weights
+    for GPT-2 (124M), and the 4-bit stand-in holds exactly those bytes."""
+    from trainmem.estimator.memory.simulate import model_builder, simulate_step
+
+    setup = TrainSetup(precision="bf16", batch_size=2, seq_len=32, peft="qlora")
+    gpt2 = states.inventory(ModelSpec.resolve("gpt2"), setup, "bf16")
+    conv = [p for p in gpt2.params if p.name.endswith(".weight") and "lora_" not in p.name
+            and any(f".{c}." in p.name for c in ("c_attn", "c_proj", "c_fc"))]  # c_attn wrapped by its adapter
+    assert len(conv) == 4 * 12 and all(p.quantized for p in conv)
+    lora = states.inventory(ModelSpec.resolve("gpt2"), setup.replace(peft="lora"), "bf16")
+    assert states.weights(gpt2) < states.weights(lora)
+    tiny = ModelSpec.resolve("tiny-gpt2")
+    _, final = simulate_step(model_builder(tiny, setup, "bf16", CATALOG["H200"]), setup)
+    assert final.weights == states.weights(states.inventory(tiny, setup, "bf16"))
+
+
 def test_simulation_records_the_build_and_cublas_workspaces_as_a_gpu_run_does():
     from trainmem.estimator.memory.simulate import model_builder, simulate_step
     from trainmem.hardware import cuda
@@ -230,6 +248,22 @@ def test_methods_and_fallbacks():
         estimate(spec, TrainSetup(), "guess")
     with pytest.raises(SetupError, match="--batch-size"):
         estimate(spec, TrainSetup(batch_size=0))
+
+
+def test_parameters_the_loss_never_reaches_get_no_gradient_nor_optimizer_state(tmp_path):
+    """BART's decoder-only causal LM has cross-attention with no encoder to attend to: its weights take no gradient
+    in a real step, so neither a gradient nor AdamW's two moments and step are counted for them."""
+    from trainmem.validation import registry
+
+    registry.tiny_config("bart").save_pretrained(tmp_path)
+    spec = ModelSpec.resolve(str(tmp_path / "config.json"))
+    setup = TrainSetup(batch_size=2, seq_len=32, precision="fp32", device="cpu")
+    inv = states.inventory(spec, setup, "fp32")
+    unreached = [p for p in inv.params if p.trainable and not p.reached]
+    assert unreached and all(".encoder_attn" in p.name for p in unreached)
+    cross = sum(p.numel for p in unreached)
+    assert states.gradients(inv) == 4 * (sum(p.numel for p in inv.params) - cross)
+    assert states.optimizer(inv, "adamw") == sum(8 * p.numel + 4 for p in inv.params if p.updated)
 
 
 def test_estimate_cli_json_and_errors():

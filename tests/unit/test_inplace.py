@@ -15,7 +15,8 @@ import transformers
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import profile
 
-from trainmem.estimator.memory.simulate import SimulatedLedger, cuda_choices
+from trainmem.estimator.memory.simulate import SimulatedLedger
+from trainmem.estimator.memory.standins import cuda_choices
 from trainmem.measure.ledger import StateBytes, TensorLedger
 
 

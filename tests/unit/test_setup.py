@@ -134,3 +134,30 @@ def test_in_process_this_machines_problems_come_with_the_setups():
         execute(ModelSpec.resolve("tiny-gpt-neox"), TrainSetup(batch_size=0, peft="qlora", device="cpu"))
     assert e.value.problems[0].startswith("--batch-size")
     assert any("4-bit NF4 training runs on CUDA only" in p for p in e.value.problems)
+
+
+def test_default_lora_targets_leave_out_what_peft_refuses_and_the_towers(tmp_path):
+    """Where peft has no default: a Mamba model's Linears but the mixers' out_proj (peft refuses it on Mamba),
+    and a multimodal model's attention outside its vision and audio towers, as one regex peft matches against
+    whole module names. peft accepts both, and adapts only what they say."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trainmem.config.setup import default_lora_targets, lora_targets_note
+    from trainmem.measure.build import add_adapters
+    from trainmem.validation import registry
+
+    adapted = {}
+    for t in ("mamba", "phi4_multimodal"):
+        registry.tiny_config(t).save_pretrained(tmp_path / t)
+        spec = ModelSpec.resolve(str(tmp_path / t / "config.json"))
+        setup = TrainSetup(peft="lora", lora_r=4, seq_len=32).validate(spec)
+        assert setup.lora_targets == default_lora_targets(spec)
+        with torch.device("meta"):
+            model = add_adapters(AutoModelForCausalLM.from_config(spec.hf_config()), setup)
+        adapted[t] = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if hasattr(m, "lora_A")}
+        towers = [n for n, m in model.named_modules() if hasattr(m, "lora_A") and ("vision" in n or "audio" in n)]
+        assert not towers, towers
+        assert lora_targets_note(spec, setup)
+    assert adapted["mamba"] == {"in_proj", "x_proj", "dt_proj"}  # not out_proj
+    assert adapted["phi4_multimodal"] == {"qkv_proj", "o_proj"}  # the towers' q/k/v/out_proj left out

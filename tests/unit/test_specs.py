@@ -156,6 +156,33 @@ def test_bad_config_file(tmp_path):
         ModelSpec.resolve(str(bad))
 
 
+def test_config_json_infinity_is_read_as_transformers_writes_it(tmp_path):
+    """save_pretrained (transformers 5) writes inf as {"__float__": "Infinity"}; the strict config class takes it
+    only decoded: Mamba-2's time_step_limit is [0.0, inf]."""
+    from transformers import Mamba2Config
+
+    Mamba2Config(hidden_size=64, num_hidden_layers=1, num_heads=8, head_dim=16, vocab_size=128,
+                 state_size=16, n_groups=1).save_pretrained(tmp_path)
+    assert '"__float__": "Infinity"' in (tmp_path / "config.json").read_text()
+    spec = ModelSpec.resolve(str(tmp_path / "config.json"))
+    assert spec.config["time_step_limit"] == [0.0, float("inf")]
+    assert spec.hf_config().time_step_limit == [0.0, float("inf")]
+
+
+def test_composite_config_built_as_its_text_model_stays_whole_and_xlnet_has_no_position_limit(tmp_path):
+    """Emu3's text config has no causal-LM class of its own (AutoModelForCausalLM builds Emu3ForCausalLM from the
+    whole config): the spec keeps it whole and reads its sizes through the text config. XLNet's -1 positions
+    mean no limit."""
+    from trainmem.validation import registry
+
+    registry.tiny_config("emu3").save_pretrained(tmp_path / "emu3")
+    spec = ModelSpec.resolve(str(tmp_path / "emu3" / "config.json"))
+    assert spec.model_type == "emu3" and spec.text_config().model_type == "emu3_text_model"
+    assert spec.vocab_size == 1024 and spec.max_positions == 128
+    registry.tiny_config("xlnet").save_pretrained(tmp_path / "xlnet")
+    assert ModelSpec.resolve(str(tmp_path / "xlnet" / "config.json")).max_positions is None
+
+
 def test_hub_cache_lookup(tmp_path, monkeypatch, model_dir):
     import shutil
 

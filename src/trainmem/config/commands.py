@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from .setup import TRAINER_OPTIMS, TrainSetup
+from .setup import TRAINER_OPTIMS, TrainSetup, is_regex
 
 
 def describe(setup: TrainSetup, varied: tuple[str, ...] = ("precision", "optimizer")) -> str:
@@ -63,6 +63,8 @@ def _targets(s: TrainSetup) -> str:
         return ""
     if s.lora_targets == ["all-linear"]:
         return ', target_modules="all-linear"'
+    if is_regex(s.lora_targets):  # a string peft matches against whole module names
+        return f', target_modules=r"{s.lora_targets[0]}"'
     return f", target_modules={s.lora_targets!r}"
 
 

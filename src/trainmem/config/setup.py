@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -359,20 +360,67 @@ each module's kind, so that a subclass (Falcon's `FalconLinear`) counts as the c
 ATTENTION_PARTS = ("attn", "attention")
 """A module whose qualified name has a part containing one of these is in an attention block."""
 
+TOWERS = re.compile(r"vision|visual|image|audio|vq|speech")
+"""A module whose qualified name matches this is in a vision or audio tower, not the language model."""
+
+MAMBA_REFUSED = ("out_proj", "conv1d")
+"""Names peft's LoRA refuses on Mamba models (tuners_utils `_check_lora_target_modules_mamba`)."""
+
 
 def default_lora_targets(spec: Any) -> list[str] | None:
     """LoRA targets for a model peft has no usable default for (None where it has one, and peft chooses): the
     Linear layers of its attention blocks, found by module kind and name (`q_proj`/`k_proj`/`v_proj`/`o_proj`,
-    `qkv_proj`, `query_key_value`, `c_attn`, ...), as peft's own defaults adapt attention; `all-linear` where
-    the model has no such layer. The output head is never a target. A default that names no module of the
-    model is not usable: peft's Mixtral default names the per-expert `w1`/`w2`/`w3` Linears, which
-    transformers 5 fuses into 3-D expert weights."""
-    if _peft_default_works(spec):
-        return None
-    attention = sorted({name.rsplit(".", 1)[-1] for name, kind in spec.modules.items()
-                        if kind in ("Linear", "Conv1D") and "lora_" not in name
-                        and any(w in part.lower() for part in name.split(".")[:-1] for w in ATTENTION_PARTS)})
-    return attention or ["all-linear"]
+    `qkv_proj`, `query_key_value`, `c_attn`, DeepSeek's MLA projections, ...), as peft's own defaults adapt
+    attention; `all-linear` where the model has no such layer. The output head is never a target. A default that
+    names no module of the model is not usable: peft's Mixtral default names the per-expert `w1`/`w2`/`w3`
+    Linears, which transformers 5 fuses into 3-D expert weights. Refinements (`_pick`): a vision or audio tower's
+    attention is left out, by one regex as peft's own Gemma-4 default does (Phi-4-multimodal); a Mamba mixer's
+    `out_proj` and `conv1d`, which peft refuses, are left out, the other Linears named instead of `all-linear`
+    (Mamba, Falcon-Mamba, Mamba-2); a name that also names a module LoRA cannot adapt is left out (Reformer's
+    `feed_forward.dense`), as peft refuses the whole config for it."""
+    return None if _peft_default_works(spec) else _pick(spec)[0]
+
+
+def _pick(spec: Any) -> tuple[list[str], str]:
+    """`default_lora_targets`' pick where peft has none, and what it is in words (for `lora_targets_note`)."""
+    modules = spec.modules
+    linear = [n for n, kind in modules.items()
+              if kind in ("Linear", "Conv1D") and "lora_" not in n and n and n != spec.output_embedding]
+    attention = [n for n in linear if any(w in part.lower() for part in n.split(".")[:-1] for w in ATTENTION_PARTS)]
+    towers = [n for n in attention if TOWERS.search(n)]
+    names = {n.rsplit(".", 1)[-1] for n in attention if n not in towers}
+    what = "the Linear layers of its attention blocks"
+    if any("Mamba" in kind for kind in modules.values()):
+        if not names:
+            names, what = {n.rsplit(".", 1)[-1] for n in linear}, "every Linear layer but the output head"
+        names -= set(MAMBA_REFUSED)
+        what += f" and its Mamba mixers' {' and '.join(MAMBA_REFUSED)} (peft refuses them)"
+    names -= {n.rsplit(".", 1)[-1] for n, kind in modules.items() if kind not in ADAPTABLE}
+    if not names:
+        return ["all-linear"], "every Linear layer but the output head (it has no attention projections)"
+    if towers:  # one regex, matched against whole module names, that keeps the towers out
+        return ([rf"^(?!.*({TOWERS.pattern})).*\.({'|'.join(sorted(names))})$"],
+                f"{what} outside its vision and audio towers (a regex)")
+    return sorted(names), what
+
+
+def is_regex(targets: list[str] | None) -> bool:
+    """Whether `targets` is one regular expression (a single entry beginning with `^`), which peft takes as a
+    string and matches against whole module names, rather than a list of names."""
+    return bool(targets) and len(targets) == 1 and targets[0].startswith("^")
+
+
+def peft_targets(targets: list[str] | None) -> str | list[str] | None:
+    """`target_modules` as peft takes it: the string `all-linear` or a regex, else the list of names."""
+    return targets[0] if targets == ["all-linear"] or is_regex(targets) else targets
+
+
+def _targeted(name: str, targets: list[str]) -> bool:
+    """Whether peft adapts the module `name` under `targets`: a regex matches the whole name, a name matches it
+    or its last dotted parts."""
+    if is_regex(targets):
+        return re.fullmatch(targets[0], name) is not None
+    return any(name == t or name.endswith("." + t) for t in targets)
 
 
 _PEFT_DEFAULT: dict[str, bool] = {}
@@ -401,8 +449,7 @@ def lora_targets_note(spec: Any, setup: TrainSetup) -> str | None:
     """Says which LoRA targets trainmem picked where peft has no default for the model, and how to choose."""
     if setup.peft == "none" or not setup.lora_targets or setup.lora_targets != default_lora_targets(spec):
         return None
-    what = ("the Linear layers of its attention blocks" if setup.lora_targets != ["all-linear"]
-            else "every Linear layer but the output head (it has no attention projections)")
+    what = _pick(spec)[1]
     return (f"LoRA targets: peft has no default for {spec.model_type} models that names their layers; adapting {what}: "
             f"{', '.join(setup.lora_targets)} (--lora-targets chooses others)")
 
@@ -412,8 +459,7 @@ def _target_problems(spec: Any, targets: list[str]) -> list[str]:
     built. peft matches a target against a module's whole name or its last dotted parts."""
     modules = spec.modules
     adaptable = sorted({n.rsplit(".", 1)[-1] for n, cls in modules.items() if cls in ADAPTABLE and n})
-    missing = [t for t in targets
-               if not any((n == t or n.endswith("." + t)) and cls in ADAPTABLE for n, cls in modules.items())]
+    missing = [t for t in targets if not any(_targeted(n, [t]) and cls in ADAPTABLE for n, cls in modules.items())]
     if not missing:
         return []
     none_left = len(missing) == len(targets)
@@ -435,7 +481,7 @@ def _rank_bound_problems(spec: Any, r: int, targets: list[str] | None) -> list[s
     names = None if names == ["all-linear"] else names
     shapes = {n: shape for n, shape in spec.weight_shapes.items() if spec.modules.get(n) in ADAPTABLE}
     if names:
-        adapted = {n: shape for n, shape in shapes.items() if any(n == t or n.endswith("." + t) for t in names)}
+        adapted = {n: shape for n, shape in shapes.items() if _targeted(n, names)}
     else:
         adapted = {n: shape for n, shape in shapes.items()
                    if spec.modules[n] in ("Linear", "Conv1D") and n != spec.output_embedding}
@@ -510,4 +556,4 @@ def from_training_arguments(args: Any, model: Any = None, **overrides: Any) -> T
     return setup.replace(**overrides) if overrides else setup
 
 
-__all__ = ["TrainSetup", "from_training_arguments", "default_lora_targets", "lora_targets_note", "training_arguments_values", "ENGINES", "PEFTS", "PRECISIONS", "OPTIMIZERS", "ATTENTIONS"]
+__all__ = ["TrainSetup", "from_training_arguments", "default_lora_targets", "lora_targets_note", "training_arguments_values", "ENGINES", "PEFTS", "PRECISIONS", "OPTIMIZERS", "ATTENTIONS", "is_regex", "peft_targets"]

@@ -55,7 +55,7 @@ class ModelSpec:
             config = json.loads(p.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
             raise SetupError([f"--model: cannot read config {str(p)!r}: {e}"]) from None
-        return cls(name=str(p), config=causal_config(config, str(p)), source="config")
+        return cls(name=str(p), config=causal_config(special_floats(config), str(p)), source="config")
 
     @classmethod
     def from_dir(cls, path: str | os.PathLike, source: str = "dir") -> ModelSpec:
@@ -232,16 +232,23 @@ class ModelSpec:
         cls = self.model_class
         return ("eager",) if cls is not None and not cls._supports_sdpa else ("sdpa", "eager")
 
+    def text_config(self) -> Any:
+        """The config of the language model that is trained: the config itself, or, where AutoModelForCausalLM
+        builds the text model from a composite config (Emu3, Mllama: `causal_config` keeps those whole), its
+        `text_config`, as transformers' `get_text_config(decoder=True)` picks it."""
+        return self.hf_config().get_text_config(decoder=True)
+
     @property
     def max_positions(self) -> int | None:
-        """The longest sequence the config allows, None where it names none."""
-        cfg = self.hf_config()
-        return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+        """The longest sequence the config allows, None where it names none (XLNet's -1: no limit)."""
+        cfg = self.text_config()
+        limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+        return limit if isinstance(limit, int) and limit > 0 else None
 
     @property
     def vocab_size(self) -> int:
         """Tokens in the vocabulary: the dummy data's ids and the logits' width."""
-        return int(self.hf_config().vocab_size)
+        return int(self.text_config().vocab_size)
 
     @property
     def stored_dtype(self) -> str:
@@ -272,12 +279,15 @@ POSITIVE = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_
             "intermediate_size", "vocab_size", "max_position_embeddings")
 """Model dimensions that must be whole numbers from 1 to 2**31 - 1 (beyond, tensor sizes overflow) where a config
 sets them, under the config class's names for them (`attribute_map`: GPT-2's n_layer is num_hidden_layers)."""
+PER_LAYER = ("intermediate_size",)
+"""Those a config may give per layer, as a list (Gemma-3n's FFN widths)."""
 
 
 def causal_config(config: Any, name: str) -> dict[str, Any]:
     """`config` (a config.json's contents) if it describes a causal LM that the installed transformers builds
     with `AutoModelForCausalLM.from_config`, read through its `text_config` where that class is built from it
-    (Llama-4: `Llama4ForCausalLM` takes the `Llama4TextConfig`), as `from_config` itself does. Otherwise one
+    (Llama-4: `Llama4ForCausalLM` takes the `Llama4TextConfig`), as `from_config` itself does; kept whole where
+    the text config's type has no causal-LM class of its own (Emu3, Mllama: `ModelSpec.text_config`). Otherwise one
     SetupError naming `--model`, the file and the config class: not a JSON object, no or an unknown
     `model_type`, a config transformers refuses, an encoder (BERT without `is_decoder`), a sequence-to-
     sequence or vision model, a multimodal model built whole, a dimension that is not a positive number."""
@@ -293,17 +303,7 @@ def causal_config(config: Any, name: str) -> dict[str, Any]:
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
         raise SetupError([f"{where}: model_type {model_type!r} is unknown to the installed transformers {__version__}; "
                           "if it is a newer architecture, upgrade it (pip install -U transformers)"])
-    problems = []
-    names = CONFIG_MAPPING[model_type].attribute_map
-    for attr in POSITIVE:  # before transformers divides by one of them
-        key = names.get(attr, attr)
-        value = config.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**31):
-            problems.append(f"{where}: {key} must be a whole number from 1 to 2**31 - 1, got {value!r}")
-    for key, value in config.items():  # a dropout the model cannot apply fails at its first forward
-        if (("dropout" in key or key.endswith("pdrop")) and isinstance(value, (int, float))
-                and not isinstance(value, bool) and not 0 <= value <= 1):
-            problems.append(f"{where}: {key} must be a probability in [0, 1], got {value!r}")
+    problems = _value_problems(config, CONFIG_MAPPING[model_type], where)
     if problems:
         raise SetupError(problems)
     hf = _hf_config(config, where)
@@ -314,7 +314,15 @@ def causal_config(config: Any, name: str) -> dict[str, Any]:
         for key in ("dtype", "torch_dtype", "quantization_config"):
             if key in config and key not in text:
                 text[key] = config[key]
-        return causal_config(text, f"{name} (its text_config)")
+        if _causal_class(_hf_config(text, f"{where} (its text_config)")) is not None:
+            return causal_config(text, f"{name} (its text_config)")
+        # Emu3, Mllama: the text config's type has no causal-LM class of its own; AutoModelForCausalLM builds
+        # the text model from the whole config (`from_config` hands it `get_text_config()`), so it stays whole
+        # and its sizes are read through `ModelSpec.text_config`
+        problems = _value_problems(text, text_class, f"{where} (its text_config)")
+        if problems:
+            raise SetupError(problems)
+        return config
     cls = type(hf).__name__
     text_type = getattr(hf.get_text_config(), "model_type", None) if text_class is not None else None
     if mapped is None:
@@ -334,6 +342,25 @@ def causal_config(config: Any, name: str) -> dict[str, Any]:
         raise SetupError([f"{where}: {cls} is an encoder; {mapped.__name__} trains it as a causal language model "
                           "only with \"is_decoder\": true in the config: set it, or pick a decoder model"])
     return config
+
+
+def _value_problems(config: dict[str, Any], config_class: type, where: str) -> list[str]:
+    """Dimensions that are not whole numbers in range (`POSITIVE`, a per-layer list element by element: Gemma-3n's
+    `intermediate_size`) and dropouts that are not probabilities, under the config class's names for them."""
+    problems = []
+    names = config_class.attribute_map
+    for attr in POSITIVE:  # before transformers divides by one of them
+        key = names.get(attr, attr)
+        value = config.get(key)
+        values = value if attr in PER_LAYER and isinstance(value, list) and value else [value]
+        if value is not None and any(isinstance(v, bool) or not isinstance(v, int) or not 1 <= v < 2**31
+                                     for v in values):
+            problems.append(f"{where}: {key} must be a whole number from 1 to 2**31 - 1, got {value!r}")
+    for key, value in config.items():  # a dropout the model cannot apply fails at its first forward
+        if (("dropout" in key or key.endswith("pdrop")) and isinstance(value, (int, float))
+                and not isinstance(value, bool) and not 0 <= value <= 1):
+            problems.append(f"{where}: {key} must be a probability in [0, 1], got {value!r}")
+    return problems
 
 
 def _hf_config(config: dict[str, Any], where: str) -> Any:
@@ -368,6 +395,23 @@ def _needs_is_decoder(model_class: type) -> bool:
     except (OSError, TypeError):
         return False
     return "not config.is_decoder" in source or "assert config.is_decoder" in source
+
+
+_FLOAT_TAGS = {"Infinity": float("inf"), "-Infinity": float("-inf"), "NaN": float("nan")}
+
+
+def special_floats(obj: Any) -> Any:
+    """A config.json's values as transformers reads them: since 5.x `save_pretrained` writes inf and nan as
+    `{"__float__": "Infinity"}` (configuration_utils.py `_encode_special_floats`) and `from_pretrained` decodes
+    them (`_decode_special_floats`); Falcon-H1's, Bamba's and Mamba-2's `time_step_limit` is `[0.0, inf]`.
+    Older files hold a bare `Infinity`, which `json.loads` already reads."""
+    if isinstance(obj, dict):
+        if set(obj) == {"__float__"} and obj["__float__"] in _FLOAT_TAGS:
+            return _FLOAT_TAGS[obj["__float__"]]
+        return {k: special_floats(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [special_floats(v) for v in obj]
+    return obj
 
 
 def split_revision(model_id: str) -> tuple[str, str | None]:

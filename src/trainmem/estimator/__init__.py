@@ -27,7 +27,7 @@ from trainmem.version import stamp
 from .breakdown import ADVICE, Breakdown
 from .memory import allocator, analytic, runtime, sharded, sharding, states
 from .memory.simulate import model_builder, simulate_step, steady_start
-from .memory.values import UnknownValue
+from .memory.hostvalues import ROUTING_BALANCED, ROUTING_FREE, UnknownValue
 from .time import step as timing
 
 METHODS = ESTIMATORS
@@ -111,6 +111,8 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
                 raise EstimateError(f"{spec.name}: neither method can estimate it: {first}; and the analytic "
                                     f"method does not know its modules ({missing})") from None
             method = "analytic"
+    if _grouped_experts(inv) and ROUTING_BALANCED not in notes:
+        notes.append(ROUTING_FREE)
     if simulated is not None:
         memory, phase, terms, reserved = simulated
         if card is not None and setup.optimizer != "paged-adamw-8bit":
@@ -175,7 +177,7 @@ def _unaligned_note(spec: ModelSpec, work: timing.Workload, card: GPU, step_s: f
     saved = 1 - aligned.step_s / step_s
     if saved < 0.02:
         return None
-    vocab = int(getattr(spec.hf_config(), "vocab_size", 0) or 0)
+    vocab = int(getattr(spec.text_config(), "vocab_size", 0) or 0)
     what = (f"the output head's {vocab} tokens are not a multiple of 8: padding the vocabulary "
             "(model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=8))" if vocab % 8 else
             "some matmul dimensions are not multiples of 8: padding them")
@@ -247,6 +249,11 @@ def _analytic(inv: states.Inventory, setup: TrainSetup, precision: str, ms: dict
     return memory, phase, terms
 
 
+def _grouped_experts(inv: states.Inventory) -> bool:
+    """Whether the model holds transformers' fused 3-D expert weights (run by `grouped_mm`)."""
+    return any(len(p.shape) == 3 and "experts" in p.name for p in inv.params)
+
+
 def _largest_layer(inv: states.Inventory) -> int:
     """Bytes of the largest numbered block's parameters (what ZeRO-3 / FSDP gathers at a time)."""
     import re
@@ -260,8 +267,9 @@ def _largest_layer(inv: states.Inventory) -> int:
 
 
 def _step_scalars(inv: states.Inventory, optimizer: str) -> int:
-    """torch AdamW's fp32 `step`, one per trainable parameter tensor (`states.optimizer` counts it), whole on every rank."""
-    return 4 * sum(1 for p in inv.params if p.trainable) if optimizer in ("adamw", "adamw-fused") else 0
+    """torch AdamW's fp32 `step`, one per trainable parameter tensor the loss reaches (`states.optimizer` counts
+    it), whole on every rank."""
+    return 4 * sum(1 for p in inv.params if p.updated) if optimizer in ("adamw", "adamw-fused") else 0
 
 
 def _lora_inputs(inv: states.Inventory, setup: TrainSetup, layers: int) -> int:
@@ -284,6 +292,8 @@ def simulated_step(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU
 def _simulate(spec: ModelSpec, setup: TrainSetup, precision: str, notes: list[str], card: GPU,
               step: Any = None) -> tuple[dict[str, int], str, dict[str, int], int]:
     ledger = step if step is not None else simulated_step(spec, setup, precision, card)
+    if getattr(ledger, "balanced_routing", False):
+        notes.append(ROUTING_BALANCED)
     if setup.shard == "fsdp":
         notes.append(f"simulated: rank 0 of {setup.gpus}, FSDP2 under PyTorch's fake process group on fake CPU "
                      "tensors; not modelled: NCCL's buffers, overlap of communication with compute")

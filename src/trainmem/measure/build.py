@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from trainmem.config.setup import TrainSetup
+from trainmem.config.setup import TrainSetup, peft_targets
 from trainmem.config.specs import ModelSpec
 from trainmem.errors import SetupError
 
@@ -87,19 +87,25 @@ def lora_config(setup: TrainSetup) -> Any:
     QLoRA simulation adapt exactly the same modules."""
     from peft import LoraConfig
 
-    # peft takes the string "all-linear" (every Linear but the output head), not a list holding it
-    targets = "all-linear" if setup.lora_targets == ["all-linear"] else setup.lora_targets
+    # peft takes the string "all-linear" (every Linear but the output head) or a regex, not a list holding one
     return LoraConfig(r=setup.lora_r, lora_alpha=setup.lora_alpha, lora_dropout=setup.lora_dropout,
-                      target_modules=targets, bias="none", task_type="CAUSAL_LM")
+                      target_modules=peft_targets(setup.lora_targets), bias="none", task_type="CAUSAL_LM")
 
 
 def random_model(spec: ModelSpec, dtype: torch.dtype, attention: str, device: str) -> torch.nn.Module:
     """The model of `spec`'s config with random weights, built directly on `device` (`meta`: no memory, for
-    the estimator's simulation of the same model)."""
+    the estimator's simulation of the same model). Parameters that a factory made on the CPU despite the device
+    context (DiffLlama's `torch.normal(mean, std, size=...)` lambdas, XLNet's `torch.FloatTensor`) are moved to
+    `device` after the others, as `from_pretrained(device_map=...)` places them; on meta a CPU parameter could not
+    take its meta gradient."""
     from transformers import AutoModelForCausalLM
 
     with torch.device(device):
-        return AutoModelForCausalLM.from_config(spec.hf_config(), dtype=dtype, attn_implementation=attention)
+        model = AutoModelForCausalLM.from_config(spec.hf_config(), dtype=dtype, attn_implementation=attention)
+    where = torch.device(device).type
+    if any(t.device.type != where for t in (*model.parameters(), *model.buffers())):
+        model.to(device)
+    return model
 
 
 def add_adapters(model: torch.nn.Module, setup: TrainSetup) -> torch.nn.Module:

@@ -50,8 +50,18 @@ class Traits:
 
     @classmethod
     def of(cls, model: Any) -> Traits:
+        """The traits of `model`'s first decoder layer; a ValueError where its config or modules lack what the
+        formulas need (no attention heads: RWKV, xLSTM; a size that varies per layer: Gemma-4's head_dim, which
+        transformers refuses to read globally with a RuntimeError), which makes `estimate` simulate instead."""
+        try:
+            return cls._of(model)
+        except (AttributeError, TypeError, RuntimeError) as e:
+            raise ValueError(f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
+
+    @classmethod
+    def _of(cls, model: Any) -> Traits:
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        cfg = base.config
+        cfg = base.config.get_text_config(decoder=True)  # a composite config's language model
         layer = _first_layer(base)
         if any(isinstance(m, torch.nn.Conv1d) for m in base.modules()):
             raise ValueError("state-space or convolution layers beside attention (a hybrid), which the "

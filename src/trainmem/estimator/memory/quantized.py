@@ -70,17 +70,20 @@ def _dequantize(shape: tuple[int, int], blocks: int, dtype: torch.dtype) -> torc
 
 
 class Linear4bit(torch.nn.Linear):
-    """bnb.nn.Linear4bit (NF4, double quantization, uint8 storage) in place of a loaded Linear.
+    """bnb.nn.Linear4bit (NF4, double quantization, uint8 storage) in place of a loaded Linear or Conv1D.
 
     A subclass of nn.Linear so that peft adapts it as it adapts bitsandbytes' layer; `lora_clone` stands
     for peft's 4-bit LoRA layer, which clones the base output before adding the adapter's."""
 
-    def __init__(self, base: torch.nn.Linear, compute_dtype: torch.dtype):
+    def __init__(self, base: torch.nn.Module, compute_dtype: torch.dtype):
         torch.nn.Module.__init__(self)
-        self.in_features, self.out_features = base.in_features, base.out_features
+        if isinstance(base, torch.nn.Linear):
+            self.in_features, self.out_features = base.in_features, base.out_features
+        else:  # GPT-2's Conv1D keeps its weight as (in, out); transformers transposes it before quantizing
+            self.in_features, self.out_features = base.weight.shape
         self.compute_dtype = compute_dtype
         self.lora_clone = False
-        n = base.in_features * base.out_features
+        n = self.in_features * self.out_features
         self.blocks = math.ceil(n / NF4_BLOCK)
         loaded = torch.empty_like(base.weight)  # the checkpoint's 16-bit weight, copied to the GPU
         # quantize_4bit: fp32 absmax and the packed weight; then the absmax is re-quantized around its mean

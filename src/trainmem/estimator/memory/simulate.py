@@ -3,10 +3,8 @@ same TensorLedger that `trainmem run` uses, so every tensor a forward, backward 
 is counted with no storage and no GPU.
 
 CUDA-specific choices are modelled explicitly, because the meta device would otherwise take CPU paths:
-- SDPA: a stand-in with the flash / memory-efficient kernels' memory (saves q, k, v, output and an fp32
-  log-sum-exp; backward allocates the input gradients) instead of the math path's attention matrix,
-  except for fp32 with grouped KV heads, which CUDA also runs on the math path;
-- dropout keeps a 1-byte mask, as CUDA's fused kernel does (the CPU decomposition keeps a float mask);
+- `standins.cuda_choices`: SDPA with the fused kernels' memory, dropout's 1-byte mask, MoE experts'
+  grouped_mm in any dtype, and the values a forward reads on the host;
 - AdamW runs with `foreach=True`, the CUDA default, whose temporaries are part of the step peak;
 - each cuBLAS handle allocates its workspace on its first matrix product: the forward thread's in the
   first forward, autograd's in the first backward.
@@ -21,8 +19,7 @@ load and layers, 8-bit AdamW). Autocast (`amp-*`), which meta tensors do not tak
 from __future__ import annotations
 
 import contextlib
-import functools
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
@@ -36,151 +33,7 @@ from trainmem.measure.train import PROBE_STEPS
 
 from . import autocast, quantized, states
 from .inplace import InPlace
-from .values import MetaValues
-
-
-class _FlashSDPA(torch.autograd.Function):
-    """Memory stand-in for the fused attention kernels: outputs of the right shape, the same saves."""
-
-    @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                bias: torch.Tensor | None = None, flash: bool = True) -> torch.Tensor:
-        # The output's memory layout decides whether the model's `transpose(1, 2).contiguous()` after
-        # attention copies it. Flash allocates it like q (flash_api.cpp `mha_fwd`: empty_like of q in
-        # (batch, seq, heads, dim) order), so a q made contiguous in (batch, heads, seq, dim), as GPT-NeoX's
-        # rotary `cat` makes it, gets a copy per layer; the memory-efficient kernel always writes (batch,
-        # seq, heads, dim) (attention.cu `_efficient_attention_forward`), so nothing is copied (an H200
-        # allocator trace of a V100-emulated run, docs/lab).
-        b, h, s = q.shape[:-1]
-        if flash and v.shape[-1] == q.shape[-1]:
-            out = torch.empty_like(q)
-        else:
-            out = q.new_empty((b, s, h, v.shape[-1])).transpose(1, 2)
-        lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
-        ctx.save_for_backward(q, k, v, out, lse, bias)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        q, k, v, out, lse, _ = ctx.saved_tensors
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        # then one fp32 workspace, freed when the kernel ends: 4 * b * h * s * (D + 1) + 256 bytes, with s
-        # and the head size D rounded up to 128 (H200 traces of GPT-NeoX, Llama and Qwen2, torch 2.11)
-        b, h, s, d = q.shape
-        s128, d128 = -(-s // 128) * 128, -(-d // 128) * 128
-        workspace = q.new_empty((4 * b * h * s128 * (d128 + 1) + 256,), dtype=torch.uint8)
-        del workspace
-        return dq, dk, dv, None, None
-
-
-class _CudaDropout(torch.autograd.Function):
-    """CUDA's fused dropout keeps a 1-byte mask; the meta/CPU decomposition would keep one in the input dtype."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x.new_empty(x.shape, dtype=torch.bool))
-        return torch.empty_like(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        return torch.empty_like(grad)
-
-
-def _dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
-    return _CudaDropout.apply(x) if training and p > 0 else x
-
-
-class _GroupedMM(torch.autograd.Function):
-    """CUDA's grouped matrix product (`torch.nn.functional.grouped_mm`, what transformers' mixture-of-experts
-    layers run by default: every token-expert pair in one product, grouped by `offs`) with its memory: the
-    output forward; the input's gradient and every expert's weight gradient backward (whether or not an
-    expert got a token, as PyTorch's `_grouped_mm` backward makes them). Its meta kernel takes bf16 only, where
-    CUDA takes fp32 and fp16 too (autocast over fp32 weights, fp16 runs). The memory does not depend on how
-    tokens are routed: the product's rows are all token-expert pairs whatever the routing."""
-
-    @staticmethod
-    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None) -> torch.Tensor:
-        # autograd keeps an operand only for the other one's gradient: frozen experts (LoRA) keep no input
-        need_a, need_b = ctx.needs_input_grad[:2]
-        ctx.save_for_backward(a if need_b else None, b if need_a else None)
-        ctx.layout = (a.shape, a.dtype, b.shape, b.stride(), b.dtype)
-        return a.new_empty((a.shape[0], b.shape[-1]))
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        a_shape, a_dtype, b_shape, b_stride, b_dtype = ctx.layout
-        grad_a = grad.new_empty(a_shape, dtype=a_dtype) if ctx.needs_input_grad[0] else None
-        grad_b = (torch.empty_strided(b_shape, b_stride, dtype=b_dtype, device=grad.device)
-                  if ctx.needs_input_grad[1] else None)
-        return grad_a, grad_b, None
-
-
-def _grouped_mm(a: torch.Tensor, b: torch.Tensor, *args: Any, offs: torch.Tensor | None = None,
-                **kwargs: Any) -> torch.Tensor:
-    """`grouped_mm(mat_a, mat_b, offs=...)` of a 2-D input and 3-D expert weights, as CUDA allocates it."""
-    if a.dim() != 2 or b.dim() != 3:
-        raise NotImplementedError(f"grouped_mm of {a.dim()}-D by {b.dim()}-D operands is not modelled")
-    return _GroupedMM.apply(a, b, offs if offs is not None else (args[0] if args else None))
-
-
-_MATH_SDPA = torch.nn.functional.scaled_dot_product_attention
-
-
-def sdpa_call(query: torch.Tensor, key: torch.Tensor, args: tuple,
-              kwargs: dict) -> tuple[torch.dtype, bool, Any, bool]:
-    """(q's dtype as the kernel gets it, grouped KV heads, the mask, heads broadcast without `enable_gqa`) of an
-    SDPA call, for `hardware.cuda.sdpa_kernel`."""
-    region = autocast.active()
-    dtype = region.dtype if region is not None and query.is_floating_point() else query.dtype
-    fewer = key.dim() >= 3 and key.shape[-3] != query.shape[-3]
-    gqa = bool(kwargs.get("enable_gqa"))
-    return dtype, gqa and fewer, kwargs.get("attn_mask", args[0] if args else None), fewer and not gqa
-
-
-def _fused_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, flash: bool = True,
-                inplace: InPlace | None = None, **kwargs: Any) -> torch.Tensor:
-    """CUDA's SDPA kernel (`sdpa_kernel`) with its memory; the math path's attention matrix is saved (its mask
-    added in place where `inplace` says the step runs without a mode)."""
-    dtype, grouped, mask, broadcast = sdpa_call(query, key, args, kwargs)
-    region = autocast.active()
-    if region is not None:
-        query, key, value = (region.cast(t, region.dtype) for t in (query, key, value))
-    kernel = cuda.sdpa_kernel(dtype, grouped, mask, flash, broadcast)
-    if kernel == "math":
-        with inplace.math_attention() if inplace is not None else contextlib.nullcontext():
-            return _MATH_SDPA(query, key, value, *args, **kwargs)
-    # the memory-efficient kernel takes a boolean mask as an additive bias in q's dtype, converted per call
-    # and saved for backward
-    bias = query.new_empty(mask.shape) if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool else None
-    return _FlashSDPA.apply(query, key, value, bias, kernel == "flash")
-
-
-@contextlib.contextmanager
-def cuda_choices(attention: str, flash: bool = True, inplace: InPlace | None = None,
-                 zeros: tuple[torch.Tensor, ...] = ()) -> Iterator[None]:
-    """Patch what the meta device would do differently from CUDA, for the duration of a simulation (with
-    `inplace`, the recording ledger's: the math SDPA path's mask add is marked for it), and answer the values
-    a forward reads on the host where they are known (`values.MetaValues`; `zeros`: the dummy batch)."""
-    import transformers.masking_utils as masking
-
-    F = torch.nn.functional
-    saved = (F.scaled_dot_product_attention, F.dropout, masking.find_packed_sequence_indices,
-             getattr(F, "grouped_mm", None), getattr(torch, "_grouped_mm", None))
-    try:
-        if attention != "eager":  # "auto" too: transformers picks SDPA wherever a model has it
-            F.scaled_dot_product_attention = functools.partial(_fused_sdpa, flash=flash, inplace=inplace)
-        F.dropout = _dropout
-        # packed-sequence detection reads position ids on the host, which meta tensors cannot do
-        masking.find_packed_sequence_indices = lambda *a, **k: None
-        F.grouped_mm = torch._grouped_mm = _grouped_mm
-        with MetaValues() as known:
-            for t in zeros:
-                known.mark(t, 0)
-            yield
-    finally:
-        (F.scaled_dot_product_attention, F.dropout, masking.find_packed_sequence_indices, F.grouped_mm,
-         torch._grouped_mm) = saved
-
+from .standins import cuda_choices
 
 _MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
             torch.ops.aten.baddbmm.default}
@@ -237,6 +90,8 @@ class SimulatedLedger(TensorLedger):
     def __init__(self, state: Callable[[], StateBytes]):
         super().__init__(state)
         self.inplace = InPlace()
+        self.balanced_routing = False
+        """Whether the step's host reads needed the balanced-routing assumption (`hostvalues.ROUTING_BALANCED`)."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         done = self.inplace.add(func, args)
@@ -327,7 +182,7 @@ def _steps(build: Callable[[TensorLedger], Any], setup: TrainSetup, amp: Any, le
     batch = {"input_ids": ids, "labels": ids}
     tokens = setup.grad_accum * setup.batch_size * (setup.seq_len - 1)
     final = StateBytes(0, 0, 0)
-    with cuda_choices(setup.attention, flash, ledger.inplace, zeros=(ids,)), ledger:
+    with cuda_choices(setup.attention, flash, ledger.inplace, zeros=(ids,)) as host, ledger:
         for step in range(1, STEPS + 1):
             ledger.inplace.enabled = step > PROBE_STEPS
             for k in range(1, setup.grad_accum + 1):
@@ -343,4 +198,5 @@ def _steps(build: Callable[[TensorLedger], Any], setup: TrainSetup, amp: Any, le
             optimizer.step()
             final = state_bytes(model, optimizer)
             optimizer.zero_grad(set_to_none=True)
+    ledger.balanced_routing = host.balanced
     return ledger, final

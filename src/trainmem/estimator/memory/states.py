@@ -26,10 +26,18 @@ class Param:
     bytes_per: float
     """Bytes per element as stored (0.5 for packed NF4)."""
     quantized: bool = False
+    reached: bool = True
+    """The loss reaches it (`reached`): a trainable parameter it never reaches gets no gradient, and so no
+    optimizer state, in a real step."""
 
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+    @property
+    def updated(self) -> bool:
+        """Takes a gradient and optimizer states: trainable and reached by the loss."""
+        return self.trainable and self.reached
 
 
 @dataclass(frozen=True)
@@ -66,11 +74,15 @@ def meta_model(spec: ModelSpec, setup: TrainSetup, precision: str) -> Any:
 
 
 def quantizable(model: Any) -> set[str]:
-    """Names of the Linear layers bitsandbytes converts to 4-bit: every nn.Linear but the output head
-    (transformers' `get_keys_to_not_convert` keeps `lm_head` / the output embeddings unquantized)."""
+    """Names of the layers bitsandbytes converts to 4-bit, as transformers picks them (integrations/bitsandbytes.py
+    `replace_with_bnb_linear`: `isinstance(module, Conv1D) or type(module) is nn.Linear`): every exact nn.Linear
+    and GPT-2's Conv1D, not a Linear subclass (Falcon's FalconLinear stays 16-bit), and not the output head
+    (`get_keys_to_not_convert` keeps `lm_head` / the output embeddings unquantized)."""
+    from transformers.pytorch_utils import Conv1D
+
     head = model.get_output_embeddings()
     return {name for name, mod in model.named_modules()
-            if type(mod) is torch.nn.Linear and mod is not head and "lora_" not in name}
+            if (type(mod) is torch.nn.Linear or isinstance(mod, Conv1D)) and mod is not head and "lora_" not in name}
 
 
 _CACHE: dict[tuple, Inventory] = {}
@@ -86,13 +98,48 @@ def inventory(spec: ModelSpec, setup: TrainSetup, precision: str) -> Inventory:
     return _CACHE[key]
 
 
+REACH_TOKENS = 32
+"""The length of the one sample `reached` runs (at most the model's positions): what the loss reaches does not
+depend on it in any model of the registry (docs/models.md), and a fixed length keeps the cached inventory the
+same whichever setup built it."""
+
+
+def reached(model: Any, spec: ModelSpec) -> set[str] | None:
+    """Names of the trainable parameters that get a gradient from a training step's loss: one forward and backward
+    of one sample on the meta device under the simulation's CUDA stand-ins (torch's own SDPA, which, unlike the
+    fused-kernel stand-in, passes a gradient to a learned float mask: Doge's, Inkling's), then the parameters
+    holding a `.grad`, dropped again. None where that step fails on meta (then every trainable parameter counts).
+    What it leaves out gets no gradient in a real step either: a decoder's cross-attention with no encoder (BART,
+    Whisper, TrOCR), a vision or audio tower with no image (Mllama, Phi-4-multimodal), a sparse-attention indexer
+    behind its top-k (DeepSeek-V3.2, GLM-MoE-DSA). A backward, not a walk of the graph: Reformer's reversible
+    layers take their weights' gradients inside a custom autograd function, which no graph edge shows."""
+    from .standins import cuda_choices
+
+    ids = torch.zeros((1, min(REACH_TOKENS, spec.max_positions or REACH_TOKENS)), dtype=torch.long, device="meta")
+    training = model.training
+    model.train()
+    try:
+        with torch.enable_grad(), cuda_choices("eager", zeros=(ids,)):
+            model(input_ids=ids, labels=ids).loss.backward()
+    except Exception:  # a step the meta device cannot run (a value that depends on weights): count them all
+        return None
+    finally:
+        model.train(training)
+    out = {name for name, p in model.named_parameters() if p.grad is not None}
+    for p in model.parameters():
+        p.grad = None
+    return out
+
+
 def _build_inventory(spec: ModelSpec, setup: TrainSetup, precision: str) -> Inventory:
     model = meta_model(spec, setup, precision)
     wd = weight_bytes_per(precision)
     quant = quantizable(model) if setup.peft == "qlora" else set()
+    hit = reached(model, spec)
     params = []
     for name, p in model.named_parameters():
         module, _, kind = name.rpartition(".")
+        reach = hit is None or name in hit
         if module in quant and kind == "weight":
             params.append(Param(name, tuple(p.shape), False, 0.5, quantized=True))
         elif module in quant:
@@ -101,9 +148,9 @@ def _build_inventory(spec: ModelSpec, setup: TrainSetup, precision: str) -> Inve
         elif "lora_" in name or setup.peft == "qlora":
             # peft keeps adapters in fp32 (autocast_adapter_dtype); prepare_model_for_kbit_training casts
             # every other non-4-bit parameter to fp32
-            params.append(Param(name, tuple(p.shape), p.requires_grad, 4))
+            params.append(Param(name, tuple(p.shape), p.requires_grad, 4, reached=reach))
         else:
-            params.append(Param(name, tuple(p.shape), p.requires_grad, wd))
+            params.append(Param(name, tuple(p.shape), p.requires_grad, wd, reached=reach))
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
     return Inventory(tuple(params), buffers, model)
 
@@ -122,15 +169,15 @@ def weights(inv: Inventory) -> int:
 
 
 def gradients(inv: Inventory) -> int:
-    """One gradient per trainable parameter, in the parameter's dtype."""
-    return sum(int(p.numel * p.bytes_per) for p in inv.params if p.trainable)
+    """One gradient per trainable parameter the loss reaches, in the parameter's dtype."""
+    return sum(int(p.numel * p.bytes_per) for p in inv.params if p.updated)
 
 
 def optimizer(inv: Inventory, name: str) -> int:
     """Optimizer state bytes after the first step."""
     total = 0
     for p in inv.params:
-        if not p.trainable:
+        if not p.updated:  # torch's optimizers skip a parameter whose grad is None
             continue
         n, d = p.numel, int(p.bytes_per)
         if name in ("adamw", "adamw-fused"):

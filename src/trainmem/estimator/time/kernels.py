@@ -145,14 +145,14 @@ class _StandIns:
     meta: CUDA's fused dropout is one kernel forward (reads x, writes the output and a 1-byte mask) and one
     backward (reads the gradient and the mask, writes the input gradient); a fused attention kernel is one
     launch forward and two backward (FlashAttention-2's preprocessing and main kernel), its bytes part of its
-    FLOP time (`timing.EFF_FLASH`). Installed inside `simulate.cuda_choices`, around its stand-ins."""
+    FLOP time (`timing.EFF_FLASH`). Installed inside `standins.cuda_choices`, around its stand-ins."""
 
     def __init__(self, count: _Count, flash: bool):
         self.count = count
         self.flash = flash
 
     def __enter__(self) -> None:
-        from trainmem.estimator.memory.simulate import sdpa_call
+        from trainmem.estimator.memory.standins import sdpa_call
 
         F = torch.nn.functional
         self.saved = (F.dropout, F.scaled_dot_product_attention, F.grouped_mm)
@@ -202,19 +202,23 @@ class _StandIns:
         F.dropout, F.scaled_dot_product_attention, F.grouped_mm = self.saved
 
 
-def _layers_key(spec: ModelSpec) -> str:
-    return "n_layer" if "n_layer" in spec.config and "num_hidden_layers" not in spec.config else "num_hidden_layers"
+def _layers_key(config: dict) -> str:
+    return "n_layer" if "n_layer" in config and "num_hidden_layers" not in config else "num_hidden_layers"
 
 
 def _cut(spec: ModelSpec, layers: int, layer_type: str | None = None) -> ModelSpec:
     """`spec` with its first `layers` decoder layers only (per-layer lists of the config cut to match), or
-    with `layers` of one `layer_type` (`sliding_attention`, `full_attention`)."""
+    with `layers` of one `layer_type` (`sliding_attention`, `full_attention`); in a composite config (Emu3,
+    Mllama), of its `text_config`."""
     config = dict(spec.config)
-    config[_layers_key(spec)] = layers
+    text = dict(config["text_config"]) if isinstance(config.get("text_config"), dict) else config
+    text[_layers_key(text)] = layers
     if layer_type:
-        config["layer_types"] = [layer_type] * layers
-    elif isinstance(config.get("layer_types"), list):
-        config["layer_types"] = config["layer_types"][:layers]
+        text["layer_types"] = [layer_type] * layers
+    elif isinstance(text.get("layer_types"), list):
+        text["layer_types"] = text["layer_types"][:layers]
+    if text is not config:
+        config["text_config"] = text
     kind = f" {layer_type}" if layer_type else ""
     return dataclasses.replace(spec, name=f"{spec.name} [{layers}{kind} layers]", config=config)
 
@@ -230,11 +234,8 @@ class _Traced(NamedTuple):
 
 def _trace(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU) -> _Traced:
     """The kernels of one micro-step of `setup` on `spec`'s model, on the meta device."""
-    from trainmem.estimator.memory.simulate import (
-        cuda_choices,
-        model_builder,
-        train_mode,
-    )
+    from trainmem.estimator.memory.simulate import model_builder, train_mode
+    from trainmem.estimator.memory.standins import cuda_choices
     from trainmem.measure.build import AUTOCAST_DTYPES
 
     model = model_builder(spec, setup, precision, card)(TensorLedger(lambda: StateBytes(0, 0, 0)))
@@ -263,7 +264,7 @@ def count(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU) -> Kern
 
 
 def _extrapolated(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU) -> Kernels:
-    layers = int(spec.hf_config().num_hidden_layers)  # transformers maps GPT-2's n_layer onto it
+    layers = int(spec.text_config().num_hidden_layers)  # transformers maps GPT-2's n_layer onto it
     traced = None
     if layers > 2:  # two layers or fewer: the whole model is as cheap to trace as the cut ones
         try:
@@ -295,7 +296,7 @@ def _attention(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU,
     launches are (the first layer differs: under LoRA or QLoRA its input needs no gradient, so neither does
     a frozen k), but by layer type where the config gives each layer one (Gemma's sliding and full layers,
     whose kernels differ): the cut models hold only the first layers' types, so each type gets its own."""
-    hf = spec.hf_config()  # layer types given in the config or derived by transformers (Gemma-3's pattern)
+    hf = spec.text_config()  # layer types given in the config or derived by transformers (Gemma-3's pattern)
     types, layers = getattr(hf, "layer_types", None), int(hf.num_hidden_layers)
     one, two = traced[(1, 1)].attention, traced[(2, 1)].attention
     if not isinstance(types, list) or len(set(types)) < 2:

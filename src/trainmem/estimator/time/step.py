@@ -191,7 +191,7 @@ def _structure(model: Any) -> tuple[Any, set[str], str | None]:
 def workload(spec: ModelSpec, inv: Inventory, setup: TrainSetup, precision: str, card: GPU) -> Workload:
     """Count one step of `setup` on `spec`'s model, whose parameters `inv` lists (see the module docstring)."""
     base, embeddings, head_name = _structure(inv.model)
-    cfg = base.config
+    cfg = base.config.get_text_config(decoder=True)  # a composite config's language model
     hidden = int(getattr(cfg, "hidden_size", None) or cfg.n_embd)
     vocab = int(cfg.vocab_size)
     b, s, accum = setup.batch_size, setup.seq_len, setup.grad_accum
