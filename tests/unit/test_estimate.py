@@ -383,3 +383,23 @@ def test_estimate_says_which_versions_its_kernel_model_was_validated_on(monkeypa
         "installed transformers 5.24.0: the kernel memory model was validated on")
     monkeypatch.setattr(runtime, "versions", lambda: {"torch": "2.11.0", "transformers": "5.17.2"})
     assert not any("validated on" in n for n in estimate("tiny-llama", TrainSetup(batch_size=2, seq_len=32)).notes)
+
+
+def test_qlora_says_which_weights_stay_unquantized_and_advises_lora(tmp_path):
+    """bitsandbytes quantizes nn.Linear and Conv1D only: a mixture of experts' fused 3-D weights and Falcon's
+    FalconLinear stay in the load dtype and peft's prepare_model_for_kbit_training casts them to fp32. Where they
+    are most of the weights the estimate says so, and the advice for weights is LoRA in bf16, not 'already
+    4-bit'; a Llama's QLoRA says nothing of it."""
+    from trainmem.estimator.breakdown import UNQUANTIZED_ADVICE, advice
+    from trainmem.validation import registry
+
+    registry.tiny_config("falcon").save_pretrained(tmp_path)
+    setup = TrainSetup(batch_size=1, seq_len=32, precision="bf16", peft="qlora")
+    cases = {"tiny-mixtral": "fused expert weights", str(tmp_path / "config.json"): "FalconLinear layers"}
+    for model, kind in cases.items():
+        r = estimate(ModelSpec.resolve(model), setup, "analytic")
+        assert any(n.startswith("QLoRA: ") and f"({kind})" in n for n in r.notes), r.notes
+        assert r.terms["unquantized_weights"] * 2 > r.model_states["weights"]
+    llama = estimate(ModelSpec.resolve("tiny-llama"), setup, "analytic")
+    assert "unquantized_weights" not in llama.terms and not any(n.startswith("QLoRA: ") for n in llama.notes)
+    assert advice("weights", "qlora", True) == UNQUANTIZED_ADVICE and "already 4-bit" in advice("weights", "qlora")

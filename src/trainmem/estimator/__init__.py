@@ -134,6 +134,14 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
     if setup.gpus > 1 or setup.shard != "none":  # the states one GPU holds, as a measured rank reports them
         rank = _rank_states(inv, setup, precision, model_states)
         model_states = {"weights": rank.weights, "gradients": rank.gradients, "optimizer": rank.optimizer}
+    if setup.peft == "qlora":
+        left = _unquantized(inv)
+        if left and left[0] * 2 > model_states["weights"]:
+            terms["unquantized_weights"] = left[0]
+            notes.append(f"QLoRA: {left[0] / 2**30:.2f} GiB of the {model_states['weights'] / 2**30:.2f} GiB of "
+                         f"weights are not 4-bit ({left[1]}): bitsandbytes quantizes only nn.Linear and Conv1D "
+                         "layers, and peft's prepare_model_for_kbit_training casts the others to fp32; --peft "
+                         "lora in bf16 holds them in half the bytes")
     time = _time(spec, inv, setup, precision, runtime_card, notes)
     installed = runtime.versions()
     if runtime.version_note(installed):
@@ -252,6 +260,27 @@ def _analytic(inv: states.Inventory, setup: TrainSetup, precision: str, ms: dict
 def _grouped_experts(inv: states.Inventory) -> bool:
     """Whether the model holds transformers' fused 3-D expert weights (run by `grouped_mm`)."""
     return any(len(p.shape) == 3 and "experts" in p.name for p in inv.params)
+
+
+def _unquantized(inv: states.Inventory) -> tuple[int, str] | None:
+    """Bytes of the frozen matrices QLoRA leaves unquantized (fused 3-D expert weights, Linear subclasses such
+    as Falcon's), and what they are, or None. Embeddings and the output head stay 16-bit in every QLoRA setup
+    and are not counted."""
+    base = inv.model.get_base_model() if hasattr(inv.model, "get_base_model") else inv.model
+    skip = {id(p) for m in (base.get_input_embeddings(), base.get_output_embeddings()) if m is not None
+            for p in m.parameters()}
+    ids = {n: id(p) for n, p in inv.model.named_parameters()}
+    kinds: dict[str, int] = {}
+    for p in inv.params:
+        if p.trainable or p.quantized or len(p.shape) not in (2, 3) or ids.get(p.name) in skip:
+            continue
+        owner = inv.model.get_submodule(p.name.rpartition(".")[0])
+        kind = "fused expert weights" if len(p.shape) == 3 else f"{type(owner).__name__} layers"
+        kinds[kind] = kinds.get(kind, 0) + int(p.numel * p.bytes_per)
+    if not kinds:
+        return None
+    total = sum(kinds.values())
+    return total, ", ".join(k for k in sorted(kinds, key=kinds.get, reverse=True) if kinds[k] * 10 >= total)
 
 
 def _largest_layer(inv: states.Inventory) -> int:

@@ -25,7 +25,14 @@ ADAPTERS_ADVICE = {
 """Advice under LoRA / QLoRA, where ADVICE's first suggestion is what the setup already does."""
 
 
-def advice(cut: str, peft: str) -> str:
+UNQUANTIZED_ADVICE = ("weights: most are layers bitsandbytes does not quantize, kept in fp32 under QLoRA; "
+                      "--peft lora in bf16 holds them in half the bytes, or shard it (--gpus N --shard fsdp)")
+"""Advice where QLoRA's weights are mostly unquantized (fused expert weights, Linear subclasses)."""
+
+
+def advice(cut: str, peft: str, unquantized: bool = False) -> str:
+    if cut == "weights" and peft == "qlora" and unquantized:
+        return UNQUANTIZED_ADVICE
     already = peft == "qlora" or (peft == "lora" and cut != "weights")
     return ADAPTERS_ADVICE[cut] if already and cut in ADAPTERS_ADVICE else ADVICE[cut]
 
@@ -79,7 +86,8 @@ class Breakdown:
         # --gpu); where it is not `gpu`, the reserved bytes are that card's, judged against this one
         modelled = find_gpu(self.setup["gpu"]) if self.setup.get("gpu") else None
         out = {"gpu": card.name, "fits": level == "fits", "level": level, "headroom": headroom, "need": need,
-               "capacity": card.capacity, "cut_first": cut, "advice": advice(cut, self.setup.get("peft", "none")),
+               "capacity": card.capacity, "cut_first": cut, "advice": advice(cut, self.setup.get("peft", "none"),
+                                                                  "unquantized_weights" in self.terms),
                "margin": margin, "runtime": (modelled or CATALOG["H200"]).name}
         if "analytic_reserved" in self.terms and self.method == "simulate":
             other = level_of(self.terms["analytic_reserved"] + overhead, card, margin)

@@ -59,6 +59,7 @@ VALIDATION = {  # file of docs/lab/data -> which set it is (docs/accuracy.md)
     "validation-held-out-13-h200-2026-12-05.jsonl": "held-out 13",
     "validation-held-out-14-h100-2026-12-05.jsonl": "held-out 14",
     "validation-held-out-15-h100-2026-12-05.jsonl": "held-out 15",
+    "validation-held-out-16-h100-2026-12-05.jsonl": "held-out 16",
 }
 """The memory estimator's validation sets: each measurement file and the name docs/accuracy.md gives it.
 benchmarks/docs_estimates.py writes each set's error table into docs/data, named after the set

@@ -130,7 +130,9 @@ class Workload:
     micro_steps: int
     flops: dict[str, float]
     """Matmul FLOPs per micro-step: forward, backward, recompute, attention; and `unaligned`, the part of the
-    first three in half-precision matmuls with a dimension not a multiple of 8 (`UNALIGNED_SLOWDOWN`)."""
+    first three in half-precision matmuls with a dimension not a multiple of 8 (`UNALIGNED_SLOWDOWN`); and `fp32`,
+    the products that run in fp32 beside half ones (fp32 experts under autocast or QLoRA, QLoRA's unquantized
+    layers), forward, backward and recompute together."""
     half: bool
     """Weight matmuls run in fp16/bf16 (pure half, autocast, QLoRA's compute dtype), else fp32."""
     attention: dict[str, float]
@@ -155,7 +157,7 @@ class Workload:
     def model_flops(self) -> float:
         """FLOPs per step that train the model (recompute excluded), for MFU."""
         f = self.flops
-        return self.micro_steps * (f["forward"] + f["backward"] + f.get("experts_fp32", 0.0)
+        return self.micro_steps * (f["forward"] + f["backward"] + f.get("fp32", 0.0)
                                    + f["attention"] * 3 / (3 + bool(f["recompute"])))
 
 
@@ -201,6 +203,10 @@ def workload(spec: ModelSpec, inv: Inventory, setup: TrainSetup, precision: str,
     head_params, head_train = vocab * hidden, False
     quantized = 0
     experts_frozen = experts_train = 0.0
+    # peft's prepare_model_for_kbit_training casts every 16-bit weight bitsandbytes did not quantize to fp32:
+    # a Linear subclass (Falcon's FalconLinear) then multiplies fp32 activations by fp32 weights
+    qlora_fp32 = setup.peft == "qlora" and precision != "fp32"
+    fp32_frozen = 0
     train_elems: list[tuple[int, float]] = []
     for p in inv.params:
         if p.trainable:
@@ -216,7 +222,9 @@ def workload(spec: ModelSpec, inv: Inventory, setup: TrainSetup, precision: str,
             head_params, head_train = p.numel, p.trainable
             continue
         quantized += p.numel if p.quantized else 0
-        if p.trainable:
+        if qlora_fp32 and not p.trainable and not p.quantized and p.bytes_per == 4:
+            fp32_frozen += p.numel  # a layer bitsandbytes left alone, cast to fp32 by peft
+        elif p.trainable:
             block_train += p.numel
         else:
             block_frozen += p.numel
@@ -233,8 +241,8 @@ def workload(spec: ModelSpec, inv: Inventory, setup: TrainSetup, precision: str,
     fwd = 2 * (block_frozen + block_train) + 2 * head_params
     bwd = 2 * block_frozen + 4 * block_train + (4 if head_train else 2) * head_params
     rec = ck * 2 * (block_frozen + block_train)
-    flops = {"forward": tokens * fwd, "backward": tokens * bwd, "recompute": tokens * rec,
-             "experts_fp32": expert_flops if fp32_experts else 0.0}
+    fp32_flops = tokens * (2 + 2 + ck * 2) * fp32_frozen + (expert_flops if fp32_experts else 0.0)
+    flops = {"forward": tokens * fwd, "backward": tokens * bwd, "recompute": tokens * rec, "fp32": fp32_flops}
     counted = kernels.count(spec, setup, precision, card)
     attention = counted.attention(b)  # counted per call, with the kernel CUDA picks for it
     flops["attention"] = sum(attention.values())
@@ -306,7 +314,7 @@ def step_time(work: Workload, card: GPU, speed: Speed | None = None, tf32: bool 
 
     slowdown = UNALIGNED_SLOWDOWN["Hopper" if card.sm >= (9, 0) else "other"]
     matmul = ((f["forward"] + f["backward"] + f["recompute"] + (slowdown - 1) * f.get("unaligned", 0.0))
-              / (peak(work.half) * eff(work.half)) + f.get("experts_fp32", 0.0) / (peak(False) * EFF_FP32))
+              / (peak(work.half) * eff(work.half)) + f.get("fp32", 0.0) / (peak(False) * EFF_FP32))
     # a matmul reads its weight while it computes: the weights' bytes only count where they take longer
     # than the matmuls' FLOPs (few tokens per micro-step), a roofline over the weight matmuls
     matmul = max(matmul, work.micro_bytes["weights"] / bandwidth)
