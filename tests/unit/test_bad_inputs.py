@@ -435,7 +435,7 @@ def test_ctrl_c_of_a_running_estimate_exits_130_without_a_traceback():
     """SIGINT to a process in the middle of a slow estimate (a 1B model simulated). It is sent once the process
     has imported trainmem and entered `main`: Ctrl-C during Python's own imports is Python's."""
     code = ("import sys, trainmem.cli; print('ready', flush=True); sys.exit(trainmem.cli.main(['estimate', "
-            "'--model', 'llama-3.2-1b', '--method', 'simulate', '--gpu', 'T4']))")
+            "'--model', 'llama-3.2-1b', '--method', 'simulate', '--gpu', 'A100-40GB']))")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert p.stdout.readline() == "ready\n"
     time.sleep(1)

@@ -403,3 +403,23 @@ def test_qlora_says_which_weights_stay_unquantized_and_advises_lora(tmp_path):
     llama = estimate(ModelSpec.resolve("tiny-llama"), setup, "analytic")
     assert "unquantized_weights" not in llama.terms and not any(n.startswith("QLoRA: ") for n in llama.notes)
     assert advice("weights", "qlora", True) == UNQUANTIZED_ADVICE and "already 4-bit" in advice("weights", "qlora")
+
+
+def test_a_mixture_of_experts_shows_its_experts_weights_apart():
+    """Every expert is held whichever the tokens pick: the breakdown gives the fused experts' bytes apart, the
+    terminal as a row under the weights; a dense model has no such row."""
+    from rich.console import Console
+
+    from trainmem.output.render import result_tables
+
+    setup = TrainSetup(batch_size=2, seq_len=32, precision="bf16", peft="lora")
+    r = estimate(ModelSpec.resolve("tiny-qwen3-moe"), setup, "analytic")
+    inv = states.inventory(ModelSpec.resolve("tiny-qwen3-moe"), setup.validate(ModelSpec.resolve("tiny-qwen3-moe")), "bf16")
+    experts = [p for p in inv.params if ".mlp.experts." in p.name]
+    assert experts and all(len(p.shape) == 3 for p in experts)
+    assert r.terms["expert_weights"] == sum(2 * p.numel for p in experts) < r.model_states["weights"]
+    console = Console(record=True, width=120)
+    for part in result_tables(r.to_result()):
+        console.print(part)
+    assert "of which experts" in console.export_text()
+    assert "expert_weights" not in estimate(ModelSpec.resolve("tiny-llama"), setup, "analytic").terms

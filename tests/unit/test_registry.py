@@ -12,6 +12,8 @@ the test is green now and turns red when a fix makes one pass; then take the typ
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from trainmem.validation import registry
@@ -23,6 +25,25 @@ CAUSES = {
                          "data- and weight-dependent shapes",
 }
 MULTIMODAL, HOST_READ_WEIGHTS = CAUSES
+
+
+def _installed() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def _pinned() -> str | None:
+    """The transformers release constraints.txt pins (what CI's first suite and the lists below are about)."""
+    root = Path(__file__).resolve().parents[2]
+    pins = dict(line.strip().split("==", 1) for line in open(root / "constraints.txt") if "==" in line)
+    return pins.get("transformers")
+
+
+PINNED = _installed() == _pinned()
+"""On the pinned transformers every list below is exact (strict xfails, known types). On a newer release (CI's
+second suite) types the lists do not know are skipped where plain transformers cannot build or train their tiny
+config, and a multimodal refusal is skipped as by design; everything else must pass there too."""
 
 NOT_TRAINABLE = {
     "dbrx": "DbrxForCausalLM reads attn_config.rope_theta, which DbrxAttentionConfig no longer has",
@@ -48,7 +69,7 @@ def _params() -> list:
         if t in NOT_TRAINABLE:
             marks.append(pytest.mark.skip(reason=f"plain transformers does not train it: {NOT_TRAINABLE[t]}"))
         elif t in BROKEN:
-            marks.append(pytest.mark.xfail(strict=True, reason="; ".join(CAUSES[c] for c in BROKEN[t])))
+            marks.append(pytest.mark.xfail(strict=PINNED, reason="; ".join(CAUSES[c] for c in BROKEN[t])))
         out.append(pytest.param(t, marks=marks, id=t))
     return out
 
@@ -66,7 +87,7 @@ def one_thread():
 
 def test_lists_name_known_types():
     types = set(registry.model_types())
-    assert not (set(NOT_TRAINABLE) | set(BROKEN)) - types
+    assert not PINNED or not (set(NOT_TRAINABLE) | set(BROKEN)) - types  # a newer release may drop a type
     assert not set(NOT_TRAINABLE) & set(BROKEN)
     assert all(c in CAUSES for causes in BROKEN.values() for c in causes)
 
@@ -78,9 +99,22 @@ def test_model_type(model_type):
     from trainmem.estimator import estimate
     from trainmem.isolation.runner import run
 
-    config = registry.tiny_config(model_type)
-    registry.plain_step(config)  # plain transformers trains it, else the type belongs in NOT_TRAINABLE
-    spec = registry.spec_of(model_type, config)
+    from trainmem.errors import SetupError
+
+    try:
+        config = registry.tiny_config(model_type)
+        registry.plain_step(config)  # plain transformers trains it, else the type belongs in NOT_TRAINABLE
+    except Exception as e:
+        if PINNED:
+            raise
+        pytest.skip(f"transformers {_installed()}, not the pinned release the lists name: a tiny {model_type} "
+                    f"does not build or train in plain transformers ({registry.one_line(e)})")
+    try:
+        spec = registry.spec_of(model_type, config)
+    except SetupError as e:
+        if PINNED or "a multimodal model" not in str(e):
+            raise
+        pytest.skip(f"{CAUSES[MULTIMODAL]} (transformers {_installed()})")
     setup = TrainSetup(batch_size=registry.BATCH, seq_len=registry.SEQ, device="cpu", precision="fp32")
     simulated = estimate(spec, setup, "simulate")
     assert simulated.method == "simulate", simulated.notes  # not the analytic fallback

@@ -283,6 +283,16 @@ PER_LAYER = ("intermediate_size",)
 """Those a config may give per layer, as a list (Gemma-3n's FFN widths)."""
 
 
+def _global(hf: Any, name: str) -> Any:
+    """A config's model-wide value of `name`, or None where it has none: newer transformers raise on reading a
+    per-layer attribute of a heterogeneous config (`AmbiguousGlobalPerLayerAttributeError`) instead of
+    returning one layer's value."""
+    try:
+        return getattr(hf, name, None)
+    except Exception:
+        return None
+
+
 def causal_config(config: Any, name: str) -> dict[str, Any]:
     """`config` (a config.json's contents) if it describes a causal LM that the installed transformers builds
     with `AutoModelForCausalLM.from_config`, read through its `text_config` where that class is built from it
@@ -334,7 +344,7 @@ def causal_config(config: Any, name: str) -> dict[str, Any]:
         raise SetupError([f"{where}: AutoModelForCausalLM builds {mapped.__name__} from {cls}, a multimodal model "
                           "whose vision parts trainmem does not model; for the text model alone, save its "
                           f"text_config as a config.json with model_type {text_type!r}"])
-    heads, groups = getattr(hf, "num_attention_heads", None), getattr(hf, "num_key_value_heads", None)
+    heads, groups = _global(hf, "num_attention_heads"), _global(hf, "num_key_value_heads")
     if isinstance(heads, int) and isinstance(groups, int) and groups > 0 and heads % groups:
         raise SetupError([f"{where}: num_attention_heads ({heads}) is not a multiple of num_key_value_heads "
                           f"({groups}): each key/value head serves a whole number of query heads"])
