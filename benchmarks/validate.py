@@ -18,6 +18,7 @@
     python benchmarks/validate.py held-out-14 OUT_DIR [INDEX ...] # HELD_OUT_14: 15 setups, memory's change 12
     python benchmarks/validate.py held-out-15 OUT_DIR [INDEX ...] # HELD_OUT_15: 32 MoE, hybrid and new dense setups
     python benchmarks/validate.py held-out-16 OUT_DIR [INDEX ...] # HELD_OUT_16: 18 QLoRA, MoE and near-capacity setups
+    python benchmarks/validate.py held-out-17 OUT_DIR [INDEX ...] # HELD_OUT_17: LoRA on fused expert weights
     python benchmarks/validate.py moe-explore OUT_DIR [INDEX ...] # MOE_EXPLORE: in-sample MoE and hybrid runs
     python benchmarks/validate.py sharded OUT_DIR [INDEX ...]     # SHARDED: FSDP2 ranks through the fake group
     python benchmarks/validate.py compare JSONL       # anywhere: the error table (docs/lab/estimate-validation.md)
@@ -588,6 +589,16 @@ transformers' bitsandbytes integration treats differently (Conv1D, Linear subcla
 hybrid at new shapes for the step-time model, and four near-capacity pairs taken from `trainmem max-batch` (its
 answer and one more). Six steps each, one process each."""
 
+EXPERTS_LORA = dict(peft="lora", lora_experts=True, lora_dropout=0.0)
+HELD_OUT_17: list[tuple[str, dict]] = [
+    ("olmoe", dict(precision="bf16", batch_size=4, seq_len=512, **EXPERTS_LORA)),
+    ("qwen15moe", dict(precision="bf16", batch_size=2, seq_len=1024, **EXPERTS_LORA)),
+    ("olmoe", dict(precision="bf16", batch_size=2, seq_len=512, **dict(EXPERTS_LORA, peft="qlora"))),
+]
+"""The seventeenth held-out set, chosen before any ran: LoRA on a mixture of experts' fused expert weights
+(`--lora-experts`, peft's `target_parameters`) in bf16 (peft rebuilds each expert weight plus its update per
+forward) and under QLoRA (fp32 experts: peft folds the update with one baddbmm)."""
+
 SHARDED: list[tuple[str, dict]] = [
     ("llama", dict(precision="amp-bf16", batch_size=2, seq_len=1024, gpus=2)),
     ("llama", dict(precision="amp-bf16", batch_size=2, seq_len=1024, gpus=8, checkpointing=True)),
@@ -675,7 +686,7 @@ if __name__ == "__main__":
                  "held-out-7": HELD_OUT_7, "held-out-8": HELD_OUT_8, "held-out-9": HELD_OUT_9,
                  "held-out-10": HELD_OUT_10, "held-out-11": HELD_OUT_11, "held-out-12": HELD_OUT_12,
                  "held-out-13": HELD_OUT_13, "held-out-14": HELD_OUT_14, "held-out-15": HELD_OUT_15,
-                 "held-out-16": HELD_OUT_16,
+                 "held-out-16": HELD_OUT_16, "held-out-17": HELD_OUT_17,
                  "moe-explore": MOE_EXPLORE}  # six steps per setup from held-out 4 on
     if cmd in six_steps:
         sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], six_steps[cmd], f"validation-{cmd}.jsonl", steps=6))

@@ -652,3 +652,15 @@ def test_tight_says_what_to_cut_and_fits_does_not():
     fits = {**verdict, "level": "fits", "fits": True, "headroom": 4 * GiB, "need": 10 * GiB}
     assert str(headline(Result(kind="estimate", status="ok", setup={}, model={}, verdict=fits))) == (
         "fits T4: needs 10.0 GiB of 14.8, 4.0 GiB free beyond the 2% margin")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "tiny-olmoe", "--lora-experts"], "--lora-experts: given with --peft none"),
+    (["--model", "tiny-olmoe", "--peft", "lora", "--lora-experts"], "add --lora-dropout 0"),
+    (["--model", "tiny-olmoe", "--peft", "lora", "--lora-experts", "--lora-dropout", "0", "--precision", "amp-bf16"],
+     "not modelled under autocast"),
+    (["--model", "tiny-llama", "--peft", "lora", "--lora-experts", "--lora-dropout", "0"], "has no fused expert weights"),
+])
+def test_lora_experts_names_what_it_needs(args, message):
+    r = subprocess.run([sys.executable, "-m", "trainmem", "estimate", *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -80,6 +80,9 @@ def add_setup_arguments(p: argparse.ArgumentParser, model_required: bool = False
         p.add_argument(flag, *ALIASES.get(flag, []), default=None, metavar="X", help=help_)
     p.add_argument("--checkpointing", *ALIASES["--checkpointing"], action="store_true", default=None,
                    help="gradient checkpointing")
+    p.add_argument("--lora-experts", action="store_true", default=None,
+                   help="with --peft lora: also adapt a mixture of experts' fused expert weights (peft's "
+                        "target_parameters; needs --lora-dropout 0)")
 
 
 def add_margin(p: argparse.ArgumentParser) -> None:
@@ -105,6 +108,8 @@ def given_values(args: argparse.Namespace) -> dict[str, object]:
     values: dict[str, object] = {name: getattr(args, name, None) for name in FIELDS}
     if getattr(args, "checkpointing", None):
         values["checkpointing"] = True
+    if getattr(args, "lora_experts", None):
+        values["lora_experts"] = True
     return {k: v for k, v in values.items() if v is not None}
 
 

@@ -56,6 +56,10 @@ class TrainSetup:
     """Dropout on the adapters' input; its output and mask are kept for backward (activation memory)."""
     lora_targets: list[str] | None = None
     """Module names to adapt; None lets peft choose per architecture (query_key_value for GPT-NeoX)."""
+    lora_experts: bool = False
+    """Also adapt a mixture of experts' fused 3-D expert weights (peft's `target_parameters`, one low-rank pair
+    per expert). peft then rebuilds each expert weight plus its update on every forward, a full-size tensor the
+    backward keeps; it takes no dropout."""
     precision: str = "auto"
     """`auto` = the checkpoint's dtype on CUDA (the seed's torch_dtype="auto"), fp32 on CPU;
     fp16/bf16 = half weights, no autocast; amp-* = fp32 weights under autocast (GradScaler for fp16)."""
@@ -241,6 +245,16 @@ class TrainSetup:
                        f"{self.lora_targets!r}; leave it out for the defaults")
         elif self.peft == "none" and self.lora_targets:
             out.append("--lora-targets: given with --peft none; add --peft lora or drop --lora-targets")
+        if not isinstance(self.lora_experts, bool):
+            out.append(f"--lora-experts: must be true or false, got {self.lora_experts!r}")
+        elif self.lora_experts and self.peft == "none":
+            out.append("--lora-experts: given with --peft none; add --peft lora or drop --lora-experts")
+        elif self.lora_experts and str(self.precision).startswith("amp"):
+            out.append(f"--lora-experts: not modelled under autocast (--precision {self.precision}); use --precision "
+                       "bf16 or fp16, or drop --lora-experts")
+        elif self.lora_experts and self.lora_dropout != 0:
+            out.append(f"--lora-experts: peft adapts fused expert weights without dropout; add --lora-dropout 0 "
+                       f"(it is {self.lora_dropout!r})")
         out += self._data_problems()
         if spec is not None:
             out += self._model_problems(spec)
@@ -280,6 +294,9 @@ class TrainSetup:
             out += _target_problems(spec, self.lora_targets)
         if self.peft in ("lora", "qlora") and _whole(self.lora_r) and 1 <= self.lora_r <= MAX_WHOLE:
             out += _rank_bound_problems(spec, self.lora_r, self.lora_targets)
+        if self.lora_experts is True and self.peft != "none" and not spec.expert_parameters:
+            out.append(f"--lora-experts: {spec.name} has no fused expert weights (a mixture of experts' 3-D "
+                       "experts parameters) to adapt; drop --lora-experts")
         if self.attention in ATTENTIONS[1:] and self.attention not in spec.attentions:
             from transformers import __version__
 

@@ -21,7 +21,7 @@ from .specs import ModelSpec
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
 KINDS: dict[str, str] = {
-    "batch_size": "int", "grad_accum": "int", "seq_len": "int", "checkpointing": "bool", "lora_r": "int",
+    "batch_size": "int", "grad_accum": "int", "seq_len": "int", "checkpointing": "bool", "lora_experts": "bool", "lora_r": "int",
     "lora_alpha": "int", "lora_dropout": "float", "lora_targets": "list", "lr": "float", "lr_batch": "int",
     "steps": "int", "num_samples": "int", "memory_cap": "bytes", "seed": "int", "gpus": "int", "rank": "rank",
     "gpu": "name", "model": "name",

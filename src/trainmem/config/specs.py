@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -163,7 +164,7 @@ class ModelSpec:
         return CONFIG_MAPPING[self.model_type](**fields)
 
     @cached_property
-    def _meta(self) -> tuple[int, dict[str, str], dict[str, tuple[int, ...]], str | None]:
+    def _meta(self) -> tuple[int, dict[str, str], dict[str, tuple[int, ...]], str | None, tuple[str, ...]]:
         """One meta-device model (no memory, no init), read for its parameter count, its modules, their
         weights' shapes and the name of its output embedding."""
         import torch
@@ -175,8 +176,10 @@ class ModelSpec:
         modules = dict(model.named_modules())
         shapes = {n: tuple(m.weight.shape) for n, m in modules.items()
                   if isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2}
+        experts = sorted({re.sub(r"^.*?\.\d+\.", "", n) for n, p in model.named_parameters()
+                          if p.dim() == 3 and ".experts." in n})
         return (sum(p.numel() for p in model.parameters()), {n: _kind(m) for n, m in modules.items()},
-                shapes, next((n for n, m in modules.items() if m is head), None))
+                shapes, next((n for n, m in modules.items() if m is head), None), tuple(experts))
 
     def build_problem(self) -> str | None:
         """Why transformers cannot build this model (on the meta device: no memory) although it loads the config:
@@ -208,6 +211,13 @@ class ModelSpec:
         """Each module with a 2-D weight (Linear, Conv1D, Embedding) -> the weight's shape: what bounds the
         rank of a LoRA adapter on it."""
         return self._meta[2]
+
+    @property
+    def expert_parameters(self) -> tuple[str, ...]:
+        """A mixture of experts' fused 3-D expert weights, named from their decoder layer on
+        (`mlp.experts.gate_up_proj`): what `--lora-experts` hands peft as `target_parameters`. Empty for a model
+        without them (dense models, experts kept as separate Linears)."""
+        return self._meta[4]
 
     @property
     def output_embedding(self) -> str | None:

@@ -82,14 +82,16 @@ def environment_problems(setup: TrainSetup, device: str, precision: str) -> list
     return out
 
 
-def lora_config(setup: TrainSetup) -> Any:
+def lora_config(setup: TrainSetup, spec: ModelSpec | None = None) -> Any:
     """The peft `LoraConfig` of a setup: one place, so that the run, the estimator's meta model and the
     QLoRA simulation adapt exactly the same modules."""
     from peft import LoraConfig
 
     # peft takes the string "all-linear" (every Linear but the output head) or a regex, not a list holding one
+    experts = list(spec.expert_parameters) if setup.lora_experts and spec is not None else None
     return LoraConfig(r=setup.lora_r, lora_alpha=setup.lora_alpha, lora_dropout=setup.lora_dropout,
-                      target_modules=peft_targets(setup.lora_targets), bias="none", task_type="CAUSAL_LM")
+                      target_modules=peft_targets(setup.lora_targets), target_parameters=experts, bias="none",
+                      task_type="CAUSAL_LM")
 
 
 def random_model(spec: ModelSpec, dtype: torch.dtype, attention: str, device: str) -> torch.nn.Module:
@@ -108,13 +110,13 @@ def random_model(spec: ModelSpec, dtype: torch.dtype, attention: str, device: st
     return model
 
 
-def add_adapters(model: torch.nn.Module, setup: TrainSetup) -> torch.nn.Module:
+def add_adapters(model: torch.nn.Module, setup: TrainSetup, spec: ModelSpec | None = None) -> torch.nn.Module:
     """The model with the setup's LoRA adapters (peft's `get_peft_model`), or as it is without LoRA."""
     if setup.peft not in ("lora", "qlora"):
         return model
     from peft import get_peft_model
 
-    return get_peft_model(model, lora_config(setup))
+    return get_peft_model(model, lora_config(setup, spec))
 
 
 def init_device(spec: ModelSpec, dtype: torch.dtype, cap: int | None, free: int) -> str:
@@ -167,7 +169,7 @@ def build_model(spec: ModelSpec, setup: TrainSetup, device: str, precision: str)
         if setup.checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False  # training never reads the KV cache; the seed turns it off too
-    model = add_adapters(model, setup)
+    model = add_adapters(model, setup, spec)
     model.train()
     return model
 

@@ -53,6 +53,8 @@ class Traits:
         """The traits of `model`'s first decoder layer; a ValueError where its config or modules lack what the
         formulas need (no attention heads: RWKV, xLSTM; a size that varies per layer: Gemma-4's head_dim, which
         transformers refuses to read globally with a RuntimeError), which makes `estimate` simulate instead."""
+        if any(type(m).__name__ == "ParamWrapper" for m in model.modules()):
+            raise ValueError("LoRA on fused expert weights (peft's ParamWrapper) has no closed form here")
         try:
             return cls._of(model)
         except (AttributeError, TypeError, RuntimeError) as e:

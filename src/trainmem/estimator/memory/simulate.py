@@ -109,7 +109,7 @@ def model_builder(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU)
     base = states.meta_model(spec, setup.replace(peft="none"), precision)  # built before recording starts
     dtype = WEIGHT_DTYPES[precision]
     compute = dtype if dtype != torch.float32 else AUTOCAST_DTYPES.get(precision, torch.float32)
-    return lambda ledger: quantized.qlora_model(base, lora_config(setup), compute, ledger, card.capacity)
+    return lambda ledger: quantized.qlora_model(base, lora_config(setup, spec), compute, ledger, card.capacity)
 
 
 def train_mode(model: Any, setup: TrainSetup, amp: torch.dtype | None) -> None:

@@ -144,6 +144,19 @@ def _fused_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *ar
     return _FlashSDPA.apply(query, key, value, bias, kernel == "flash")
 
 
+_AUTOCAST = torch.autocast
+
+
+def _autocast(device_type: str, *args: Any, **kwargs: Any) -> Any:
+    """`torch.autocast`, where turning autocast off for a meta tensor (peft's expert-weight LoRA folds its update
+    under `torch.autocast(W.device.type, enabled=False)`) is the no-op it is on the meta device, instead of
+    torch's refusal of the device type."""
+    enabled = kwargs.get("enabled", args[1] if len(args) > 1 else True)
+    if device_type == "meta" and not enabled:
+        return contextlib.nullcontext()
+    return _AUTOCAST(device_type, *args, **kwargs)
+
+
 @contextlib.contextmanager
 def cuda_choices(attention: str, flash: bool = True, inplace: InPlace | None = None,
                  zeros: tuple[torch.Tensor, ...] = ()) -> Iterator[HostValues]:
@@ -156,8 +169,9 @@ def cuda_choices(attention: str, flash: bool = True, inplace: InPlace | None = N
     F = torch.nn.functional
     saved = (F.scaled_dot_product_attention, F.dropout, masking.find_packed_sequence_indices,
              getattr(F, "grouped_mm", None), getattr(torch, "_grouped_mm", None),
-             PreTrainedModel.warn_if_padding_and_no_attention_mask)
+             PreTrainedModel.warn_if_padding_and_no_attention_mask, torch.autocast)
     try:
+        torch.autocast = _autocast  # type: ignore[misc]
         if attention != "eager":  # "auto" too: transformers picks SDPA wherever a model has it
             F.scaled_dot_product_attention = functools.partial(_fused_sdpa, flash=flash, inplace=inplace)
         F.dropout = _dropout
@@ -173,4 +187,4 @@ def cuda_choices(attention: str, flash: bool = True, inplace: InPlace | None = N
             yield host
     finally:
         (F.scaled_dot_product_attention, F.dropout, masking.find_packed_sequence_indices, F.grouped_mm,
-         torch._grouped_mm, PreTrainedModel.warn_if_padding_and_no_attention_mask) = saved
+         torch._grouped_mm, PreTrainedModel.warn_if_padding_and_no_attention_mask, torch.autocast) = saved

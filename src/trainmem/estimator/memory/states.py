@@ -70,7 +70,7 @@ def meta_model(spec: ModelSpec, setup: TrainSetup, precision: str) -> Any:
     model = random_model(spec, WEIGHT_DTYPES[precision], setup.attention, "meta")
     model.config.use_cache = False
     with torch.device("meta"):
-        return add_adapters(model, setup)
+        return add_adapters(model, setup, spec)
 
 
 def quantizable(model: Any) -> set[str]:
@@ -92,7 +92,7 @@ def inventory(spec: ModelSpec, setup: TrainSetup, precision: str) -> Inventory:
     """The parameter inventory, cached per model and per what changes the parameter set (batch and
     sequence length do not rebuild it, which keeps the analytic method in milliseconds)."""
     key = (spec.name, repr(sorted(spec.config.items())), setup.peft, setup.lora_r, repr(setup.lora_targets),
-           setup.attention, precision)
+           setup.lora_experts, setup.attention, precision)
     if key not in _CACHE:
         _CACHE[key] = _build_inventory(spec, setup, precision)
     return _CACHE[key]
