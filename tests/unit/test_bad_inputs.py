@@ -433,8 +433,11 @@ def test_keyboard_interrupt_in_process(capsys, monkeypatch):
 
 def test_ctrl_c_of_a_running_estimate_exits_130_without_a_traceback():
     """SIGINT to a process in the middle of a slow estimate (a 1B model simulated). It is sent once the process
-    has imported trainmem and entered `main`: Ctrl-C during Python's own imports is Python's."""
-    code = ("import sys, trainmem.cli; print('ready', flush=True); sys.exit(trainmem.cli.main(['estimate', "
+    has imported trainmem and entered `main`: Ctrl-C during Python's own imports is Python's. The child gets the
+    default SIGINT disposition a terminal's foreground process has: a test run as a background job (`cmd &`)
+    hands its children SIGINT ignored, which trainmem rightly keeps ignored."""
+    code = ("import signal, sys, trainmem.cli; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "print('ready', flush=True); sys.exit(trainmem.cli.main(['estimate', "
             "'--model', 'llama-3.2-1b', '--method', 'simulate', '--gpu', 'A100-40GB']))")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert p.stdout.readline() == "ready\n"
