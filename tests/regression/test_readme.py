@@ -121,5 +121,21 @@ def test_readme_estimate_example_prints_its_first_line_and_no_warning():
     command, first = block.group(1), block.group(2)
     p = subprocess.run([sys.executable, "-m", "trainmem.cli", *shlex.split(command)[1:]], capture_output=True,
                        text=True, timeout=600)
-    assert p.returncode == 0 and p.stdout.splitlines()[0] == first
+    assert p.returncode == 0, p.stderr
     assert not re.search(r"warn", p.stderr, re.I), p.stderr
+    printed = p.stdout.splitlines()[0]
+    if _pinned_transformers():
+        assert printed == first
+    else:  # a newer transformers may move the model's memory a little: the same words, figures within 1%
+        number = r"\d+(?:\.\d+)?"
+        assert re.sub(number, "N", printed) == re.sub(number, "N", first), printed
+        for a, b in zip(re.findall(number, printed), re.findall(number, first)):
+            assert abs(float(a) - float(b)) <= 0.01 * max(float(b), 1.0), (printed, first)
+
+
+def _pinned_transformers() -> bool:
+    """Whether the installed transformers is the release constraints.txt pins, which the README's output shows."""
+    import transformers
+
+    pins = dict(line.strip().split("==", 1) for line in open(ROOT / "constraints.txt") if "==" in line)
+    return transformers.__version__ == pins.get("transformers")
