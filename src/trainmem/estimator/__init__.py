@@ -113,7 +113,6 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
             method = "analytic"
     if _grouped_experts(inv) and ROUTING_BALANCED not in notes:
         notes.append(ROUTING_FREE)
-    experts = sum(int(p.numel * p.bytes_per) for p in inv.params if ".experts." in f".{p.name}")
     if simulated is not None:
         memory, phase, terms, reserved = simulated
         if card is not None and setup.optimizer != "paged-adamw-8bit":
@@ -135,6 +134,7 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
     if setup.gpus > 1 or setup.shard != "none":  # the states one GPU holds, as a measured rank reports them
         rank = _rank_states(inv, setup, precision, model_states)
         model_states = {"weights": rank.weights, "gradients": rank.gradients, "optimizer": rank.optimizer}
+    experts = sum(int(p.numel * p.bytes_per) for p in inv.params if ".experts." in f".{p.name}")
     if experts and setup.gpus == 1 and setup.shard == "none":  # the weights' share of a mixture of experts
         terms["expert_weights"] = experts
     if setup.peft == "qlora":

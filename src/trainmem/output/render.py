@@ -157,9 +157,9 @@ def result_tables(r: Result, phases: bool = False, verbose: bool = False) -> lis
     mem.add_column("bytes", justify="right")
     mem.add_column("size", justify="right")
     m = r.memory
+    experts = (r.terms or {}).get("expert_weights")
     for key, label in _PARTS:
         mem.add_row(label, f"{m[key]:,}", size(m[key]))
-        experts = (r.terms or {}).get("expert_weights")
         if key == "weights" and experts:  # a mixture of experts: every expert is held, whichever the tokens pick
             mem.add_row("  of which experts (all of them)", f"{experts:,}", size(experts))
     mem.add_row("[bold]peak allocated[/bold]", f"{m['peak_allocated']:,}", size(m["peak_allocated"]))
