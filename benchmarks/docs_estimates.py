@@ -31,7 +31,8 @@ import trainmem
 from trainmem.estimator import estimate
 from trainmem.output.report import write_report
 from trainmem.result import read_rows
-from trainmem.validation.docs import VALIDATION  # file -> which set it is (docs/accuracy.md)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout's lab/
+from lab import manifest  # noqa: E402  (which file is which set: lab/sets.json)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare_estimates import measured_program  # noqa: E402
@@ -88,13 +89,13 @@ def main(parts: list[str]) -> int:
     from compare_estimates import compare
 
     if "tables" in parts:  # every estimate of every row by both methods: a quarter of an hour on 2 cores
-        for file, kind in VALIDATION.items():
+        for kind, file in manifest.memory_sets().items():
             compare(os.path.join(LAB, file), os.path.join(DOCS, "data", f"errors-{kind.replace(' ', '-')}.md"))
         import docs_tables  # the figures docs/accuracy.md and the README quote from these tables
 
         docs_tables.main([])
     if "documented" in parts:
-        out = [row for file in VALIDATION for row in documented(file)]
+        out = [row for file in manifest.memory_sets().values() for row in documented(file)]
         with open(os.path.join(DOCS, "data", "documented-estimates.jsonl"), "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in out)
     return 0

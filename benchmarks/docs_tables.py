@@ -3,7 +3,7 @@
     python benchmarks/docs_tables.py            # rewrite every generated block in place
     python benchmarks/docs_tables.py --check    # exit 1 where a block differs from what it renders now
 
-The command line of `trainmem.validation.docs`, which holds the blocks (`BLOCKS`: each block's file and what
+The command line of `lab/docs.py`, which holds the blocks (`BLOCKS`: each block's file and what
 renders it) and says where each figure comes from; tests/regression/test_docs.py fails until the docs are
 what it renders. Reads no GPU and runs no estimate: a few seconds.
 """
@@ -15,7 +15,8 @@ import sys
 
 # this checkout's code renders this checkout's docs, whichever trainmem is installed
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
-from trainmem.validation.docs import refresh  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout's lab/
+from lab.docs import refresh  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

@@ -1,7 +1,7 @@
 """How fast each session's host launched kernels, from the host-bound rows of the committed H200 (and H100)
 measurements.
 
-    python benchmarks/host_speed.py [JSONL ...]    # anywhere: no GPU needed; default: FIT_FILES and held-out 13
+    python benchmarks/host_speed.py [JSONL ...]    # anywhere: no GPU needed; default: the fit files and held-out 13
 
 A row is host-bound where the step-time model's host time (`timing.HOST_PER_KERNEL` per launch counted on
 the meta trace) exceeds its card time (compute and memory) by `BOUND` or more: its measured step time is then
@@ -19,8 +19,9 @@ import statistics
 import sys
 
 from trainmem.estimator.time import step as timing
-from trainmem.validation import repository
-from trainmem.validation import timing as tv
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout's lab/
+from lab import repository  # noqa: E402
+from lab import timing as tv  # noqa: E402
 
 BOUND = 1.3
 """Host time over card time at which a row counts as host-bound."""

@@ -9,7 +9,7 @@ Times the three products of GPT-2's output head (768 wide) at 16384 tokens (batc
 tokens x 768), in bf16 and fp16, each the median of 20 timed calls after 5 warm-up ones, for the vocabulary
 as GPT-2 has it (50257), padded to 8 (50264) and to 64 (50304, nanoGPT's). Prints and writes
 `matmul-alignment.json`: seconds, TFLOPS and each unaligned product's time per FLOP over the 50264 one's.
-The measurement is `trainmem.validation.alignment.measure`.
+The measurement is `lab.alignment.measure`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import sys
 
 import torch
 
-from trainmem.validation.alignment import measure
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout's lab/
+from lab.alignment import measure  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

@@ -1,6 +1,6 @@
 """Every causal-LM model type of the installed transformers through trainmem's doors: a tiny config of each,
 trained one step by plain transformers, then `estimate` (simulate, analytic), `run --device cpu` with its
-model states compared to the byte, and a LoRA estimate (`trainmem.validation.registry.check`).
+model states compared to the byte, and a LoRA estimate (`lab.registry.check`).
 
     nice -n 10 python benchmarks/registry.py          # every type: docs/lab/data/registry-<date>.jsonl, docs/models.md
     python benchmarks/registry.py --types opt llama --no-write        # a few, printed only
@@ -25,7 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-PRELOAD = ["torch", "transformers", "peft", "trainmem.validation.registry", "trainmem.estimator",
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout's lab/
+
+PRELOAD = ["torch", "transformers", "peft", "lab.registry", "trainmem.estimator",
            "trainmem.isolation.runner"]
 
 
@@ -36,7 +38,7 @@ def _child(model_type: str, conn: Any) -> None:
     import torch
     from transformers.utils import logging
 
-    from trainmem.validation import registry
+    from lab import registry
 
     logging.set_verbosity_error()
     torch.set_num_threads(1)  # tiny models: one thread is as fast, and leaves the shared cores alone
@@ -158,7 +160,7 @@ def render(rows: list[dict[str, Any]], header: dict[str, Any]) -> str:
            else "") + ".",
         "",
         "Each type of transformers' causal-LM mapping gets a tiny config made from its config class "
-        "(`trainmem.validation.registry.tiny_config`: hidden 64, 2 layers or one of each kind, 4 heads, "
+        "(`lab.registry.tiny_config`: hidden 64, 2 layers or one of each kind, 4 heads, "
         "1024 tokens, 4 experts top-2), is trained one step by plain transformers on the CPU, then goes "
         "through `trainmem estimate` (simulate, analytic: batch 2 x 32 tokens, fp32), `trainmem run "
         "--device cpu` (2 steps), whose measured weights, gradients and optimizer states must equal the "
@@ -211,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     import transformers
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    from trainmem.validation import repository
+    from lab import repository
 
     if args.render:
         rows = [json.loads(line) for line in Path(args.render).read_text().splitlines() if line.strip()]

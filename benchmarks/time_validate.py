@@ -1,18 +1,18 @@
 """The step-time model against measured step times on the H200 (and the H100): fit, compare, and a held-out
-set to measure. The command line of `trainmem.validation.timing`, which holds the comparison, the fit and the
+set to measure. The command line of `lab/timing.py`, which holds the comparison, the fit and the
 cross-validation (tests import it from there).
 
     python benchmarks/time_validate.py compare JSONL ...          # anywhere: predicted vs measured per row
     python benchmarks/time_validate.py compare docs/lab/data/*.jsonl  # the table of docs/data/time-in-sample.md
-    python benchmarks/time_validate.py fit                        # anywhere: refit timing.FITTED on FIT_FILES
+    python benchmarks/time_validate.py fit                        # anywhere: refit timing.FITTED on the fit files (lab/sets.json)
     python benchmarks/time_validate.py cv                         # anywhere: leave-one-file/model-out CV
     python benchmarks/time_validate.py noise                      # anywhere: setups measured more than once
     python benchmarks/time_validate.py measure OUT_DIR [INDEX ...] # on the H200: TIME_SET, one process each
 
-`compare` splits rows into in-sample (the files the constants were fitted on: `FIT_FILES` of
-`trainmem.validation.timing`), held-out (any other file) and sharded (one rank of an N-GPU run, apart), and prints
+`compare` splits rows into in-sample (the files the constants were fitted on: `"time": "fit"` in lab/sets.json, read by
+`lab/timing.py`), held-out (any other file) and sharded (one rank of an N-GPU run, apart), and prints
 per row the predicted and measured step time with the error, the median and worst absolute error, and the
-Spearman rank correlation of predicted vs measured within each model; `trainmem.validation.timing` says how a
+Spearman rank correlation of predicted vs measured within each model; `lab/timing.py` says how a
 row is measured and predicted.
 
 `measure` runs TIME_SET with `trainmem run` in a fresh process each (validate.py's `isolated`), with
@@ -21,9 +21,11 @@ row is measured and predicted.
 
 from __future__ import annotations
 
+import os
 import sys
 
-from trainmem.validation.timing import compare, cv, fit, noise
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout's lab/
+from lab.timing import compare, cv, fit, noise  # noqa: E402
 
 STEPS = 8
 """Steps per held-out run: 2 probed, then 6 timed (median of >= 4 steady steps)."""

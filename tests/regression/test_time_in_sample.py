@@ -18,7 +18,7 @@ def test_documented_step_times_are_the_time_models():
     import torch
     import transformers
 
-    from trainmem.validation import timing as time_validate
+    from lab import timing as time_validate
 
     if (torch.__version__.split("+")[0], transformers.__version__) != ("2.13.0", "5.17.0"):
         pytest.skip("the table was made with torch 2.13.0 and transformers 5.17.0")

@@ -196,7 +196,7 @@ def test_trace_steps_prints_each_steps_peaks_of_a_recorded_trace(tmp_path, capsy
     import gzip
     import json
 
-    from trainmem.validation import traces as trace_steps
+    from lab import traces as trace_steps
 
     MiB = 2**20
     events = [("alloc", 1, 30 * MiB, 0, ""), ("free_completed", 1, 30 * MiB, 0, ""),

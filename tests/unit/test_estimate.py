@@ -253,7 +253,7 @@ def test_methods_and_fallbacks():
 def test_parameters_the_loss_never_reaches_get_no_gradient_nor_optimizer_state(tmp_path):
     """BART's decoder-only causal LM has cross-attention with no encoder to attend to: its weights take no gradient
     in a real step, so neither a gradient nor AdamW's two moments and step are counted for them."""
-    from trainmem.validation import registry
+    from lab import registry
 
     registry.tiny_config("bart").save_pretrained(tmp_path)
     spec = ModelSpec.resolve(str(tmp_path / "config.json"))
@@ -391,7 +391,7 @@ def test_qlora_says_which_weights_stay_unquantized_and_advises_lora(tmp_path):
     are most of the weights the estimate says so, and the advice for weights is LoRA in bf16, not 'already
     4-bit'; a Llama's QLoRA says nothing of it."""
     from trainmem.estimator.breakdown import UNQUANTIZED_ADVICE, advice
-    from trainmem.validation import registry
+    from lab import registry
 
     registry.tiny_config("falcon").save_pretrained(tmp_path)
     setup = TrainSetup(batch_size=1, seq_len=32, precision="bf16", peft="qlora")

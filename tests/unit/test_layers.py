@@ -115,8 +115,6 @@ ALLOWED: dict[str, set[str] | None] = {
     "search": BASE | {"measure", "estimator", "estimator.memory", "isolation"},  # cards: the runtime groups
     "output": BASE | {"search"},
     "experiment": BASE | {"isolation"},
-    "validation": BASE | {"measure", "estimator.memory", "estimator.time", "estimator", "integrations", "isolation",
-                          "search", "output", "experiment", "serve", "trainmem"},  # on top: anything but cli
     "serve": None,  # on top, beside the CLI: the web page's own door to everything
     "cli": None,  # on top: anything
     "__main__": {"cli"},
@@ -142,7 +140,7 @@ def test_each_layer_imports_only_the_layers_below_it():
     assert not allowed("trainmem.estimator.memory.simulate", "trainmem.measure.stages")  # the check checks
     assert allowed("trainmem.estimator.memory.simulate", "trainmem.measure.build")
     assert not allowed("trainmem.config.setup", "trainmem.measure.build")
-    assert not allowed("trainmem.validation.timing", "trainmem.cli.run")
+    assert not allowed("trainmem.search.plan", "trainmem.cli.run")
 
 
 def test_the_package_keeps_few_top_level_modules():
@@ -209,8 +207,8 @@ def reaches_into_benchmarks(source: str, scripts: set[str]) -> list[str]:
 
 
 def test_no_test_reaches_into_benchmarks():
-    """Tests import the validation code they check from the package (`trainmem.validation`): benchmarks/ holds
-    command lines over it, and no test puts that folder on sys.path or imports a script of it."""
+    """Tests import the lab code they check from `lab/` (the checkout's root is on pytest's path): benchmarks/
+    holds command lines over it, and no test puts that folder on sys.path or imports a script of it."""
     scripts = {p.stem for p in (TESTS.parent / "benchmarks").glob("*.py")}
     assert {"time_validate", "docs_tables"} <= scripts
     found = [f"{path.relative_to(TESTS)}: {s}" for path in sorted(TESTS.rglob("*.py"))
@@ -229,3 +227,21 @@ def test_every_test_sits_in_a_tier():
     assert sorted(p.name for p in TESTS.glob("test_*.py")) == []
     assert {p.parent.relative_to(TESTS).as_posix() for p in TESTS.rglob("test_*.py")} == tiers
     assert all((TESTS / tier / "README.md").is_file() for tier in tiers) and (TESTS / "conftest.py").is_file()
+
+
+def test_the_package_holds_no_lab():
+    """The wheel ships src/trainmem alone: no module of it imports the lab (validation tooling, the manifest of
+    measured sets), and its code names no numbered held-out set or change: that history is docs/lab's."""
+    import re
+
+    lab_imports = [f"{name}: {node.module or node.names[0].name}" for name, path in _modules().items()
+                   for node in ast.walk(ast.parse(path.read_text()))
+                   if isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0)
+                   and ((node.module or "") if isinstance(node, ast.ImportFrom) else node.names[0].name)
+                   .split(".")[0] in ("lab", "benchmarks")]
+    assert lab_imports == []
+    history = re.compile(r"held-out [0-9]+|change [0-9]+", re.I)
+    named = [f"{p.relative_to(PACKAGE)}:{i}" for p in sorted(PACKAGE.rglob("*.py"))
+             for i, line in enumerate(p.read_text().splitlines(), 1) if history.search(line)]
+    assert named == []
+    assert history.search("as held-out 12 showed") and not (PACKAGE / "validation").exists()

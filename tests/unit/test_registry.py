@@ -1,7 +1,7 @@
 """Every causal-LM model type that plain transformers trains goes through trainmem: `estimate` simulates it
 (not falling back to the analytic method), the analytic method answers (or falls back to the simulation where
 its closed form has no terms for the layers), `run --device cpu` works, and the measured model states equal
-the estimated ones to the byte (issue 33). One test per model type (`trainmem.validation.registry`: its tiny
+the estimated ones to the byte (issue 33). One test per model type (`lab/registry.py`: its tiny
 config, built from the config class), so a failure names the type.
 
 `BROKEN` lists the types that fail today, each with its root causes (`CAUSES`): they are strict xfails, so
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from trainmem.validation import registry
+from lab import registry
 
 CAUSES = {
     "MULTIMODAL": "refused by design: AutoModelForCausalLM builds the whole multimodal model (vision tower and "

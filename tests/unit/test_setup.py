@@ -145,7 +145,7 @@ def test_default_lora_targets_leave_out_what_peft_refuses_and_the_towers(tmp_pat
 
     from trainmem.config.setup import default_lora_targets, lora_targets_note
     from trainmem.measure.build import add_adapters
-    from trainmem.validation import registry
+    from lab import registry
 
     adapted = {}
     for t in ("mamba", "phi4_multimodal"):

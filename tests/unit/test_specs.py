@@ -173,7 +173,7 @@ def test_composite_config_built_as_its_text_model_stays_whole_and_xlnet_has_no_p
     """Emu3's text config has no causal-LM class of its own (AutoModelForCausalLM builds Emu3ForCausalLM from the
     whole config): the spec keeps it whole and reads its sizes through the text config. XLNet's -1 positions
     mean no limit."""
-    from trainmem.validation import registry
+    from lab import registry
 
     registry.tiny_config("emu3").save_pretrained(tmp_path / "emu3")
     spec = ModelSpec.resolve(str(tmp_path / "emu3" / "config.json"))

@@ -225,7 +225,7 @@ def test_estimate_json_and_terminal_show_the_time():
 def test_measured_rows_are_predicted_at_the_card_they_ran_on():
     """time_validate predicts a row at its own card's figures: held-out 14 ran on an H100, every earlier set on
     the H200; a row from any other device is not a timing row."""
-    from trainmem.validation import timing as time_validate
+    from lab import timing as time_validate
 
     setup = TrainSetup(batch_size=8, seq_len=1024, precision="bf16")
     row = {"model": {"name": "qwen2.5-0.5b"}, "setup": setup.to_dict()}
@@ -240,7 +240,7 @@ def test_measured_rows_are_predicted_at_the_card_they_ran_on():
 
 def test_the_alignment_benchmark_runs_and_compares_with_the_padded_vocabulary():
     """benchmarks/matmul_alignment.py, which measured `UNALIGNED_SLOWDOWN` on the H200, on tiny CPU products."""
-    from trainmem.validation import alignment as matmul_alignment
+    from lab import alignment as matmul_alignment
 
     rows = matmul_alignment.measure("cpu", tokens=16, repeat=1)
     assert len(rows) == 2 * 3 * 3  # dtypes x vocabularies x products
@@ -261,7 +261,7 @@ def test_qlora_layers_bitsandbytes_leaves_alone_multiply_in_fp32(tmp_path):
     """Falcon's FalconLinear is not quantized and peft casts it to fp32, so under QLoRA its products run at the
     fp32 rate (held-out 16: Falcon-7b QLoRA 1.49 s measured, 0.34 s when priced at the half rate); a Llama's
     4-bit Linears keep the half rate."""
-    from trainmem.validation import registry
+    from lab import registry
 
     registry.tiny_config("falcon").save_pretrained(tmp_path)
     falcon = str(tmp_path / "config.json")

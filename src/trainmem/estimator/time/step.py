@@ -29,7 +29,7 @@ out (Gemma-2 beyond 4096 tokens, Gemma-3 beyond 512).
 Offload (ZeRO/FSDP) adds its PCIe transfers; communication between GPUs is not modelled.
 
 The constants are fitted to the H200 step times committed in docs/lab/data (`benchmarks/time_validate.py fit`
-on the rows of `trainmem.validation.timing.FIT_FILES` timed over several steps; the fit and its
+on the rows of `lab/sets.json` timed over several steps; the fit and its
 cross-validation: docs/time-model.md); every other card's time is derived from its catalog figures
 (`gpus.SPEEDS`), which the result says.
 """

@@ -5,7 +5,7 @@ ledger (a Python dispatch mode), the rest run as a user's would, without it. The
 replayed through `trainmem.estimator.memory.allocator` (which reproduces the measured `peak_reserved` from it)
 and cut into windows at every PER_STEP-th request of MIB MiB: a tensor allocated a fixed number of times per
 step, such as the logits. Where the windows' peaks differ after the probed steps, the run without the ledger
-allocates differently (held-out 12, docs/lab/estimate-validation.md).
+allocates differently (docs/lab/estimate-validation.md).
 
 Example: `print_windows("docs/lab/data/trace-held-out-14-x0-held-out-12-w6-h200-2026-12-05.json.gz", "w6", 2048,
 1)`, Gemma 3's 2 GiB logits once a step (`benchmarks/trace_steps.py` is its command line).

@@ -2,7 +2,7 @@
 each (built from its config class, every size field shrunk), trained one step by plain transformers, then
 estimated (`simulate`, `analytic`), run on the CPU and compared state by state with trainmem.
 
-    >>> from trainmem.validation import registry
+    >>> from lab import registry
     >>> cfg = registry.tiny_config("llama")
     >>> cfg.hidden_size, cfg.num_hidden_layers
     (64, 2)

@@ -9,11 +9,11 @@ error table changes the docs in the same commit, and tests/regression/test_docs.
 - `catalog` (docs/cards.md), `card-names` (README.md): the card catalog and the names `--gpu` takes;
 - `held-out`, `today` (docs/accuracy.md), `readme-accuracy` (README.md): the memory estimator's errors,
   from the error tables in docs/data/ (today's estimator) and docs/lab/data/ (each held-out set at the
-  commit it was reported at), and the step-time model's held-out errors, from the rows in the lab's
-  time-model notes and docs/data/time-in-sample.md.
+  commit it was reported at, `manifest.reports`), and the step-time model's held-out errors, from the tables
+  kept as reported (`manifest.time_reports`) and docs/data/time-in-sample.md.
 
 `refresh` rewrites or checks every block (`python benchmarks/docs_tables.py [--check]`). Reads no GPU and runs
-no estimate: a few seconds. Paths are the checkout's (`repository`): an installed wheel has no docs/.
+no estimate: a few seconds.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from types import ModuleType
 from trainmem.estimator.time import step as timing_model
 from trainmem.hardware import gpus as cards
 
-from . import repository
+from . import manifest, repository
 
 
 def _data(*parts: str) -> str:
@@ -40,30 +40,6 @@ def _data(*parts: str) -> str:
 def _lab(*parts: str) -> str:
     """A path under docs/lab: the dated measurements, and tables kept as reported."""
     return str(repository.docs("lab", *parts))
-
-
-VALIDATION = {  # file of docs/lab/data -> which set it is (docs/accuracy.md)
-    "validation-isolated-h200-2026-12-03.jsonl": "in-sample",
-    "validation-held-out-h200-2026-12-03.jsonl": "held-out 1",
-    "validation-held-out-2-h200-2026-12-03.jsonl": "held-out 2",
-    "validation-held-out-3-h200-2026-12-03.jsonl": "held-out 3",
-    "validation-held-out-4-h200-2026-12-03.jsonl": "held-out 4",
-    "validation-held-out-5-h200-2026-12-04.jsonl": "held-out 5",
-    "validation-held-out-6-h200-2026-12-04.jsonl": "held-out 6",
-    "validation-held-out-7-h200-2026-12-04.jsonl": "held-out 7",
-    "validation-held-out-8-h200-2026-12-04.jsonl": "held-out 8",
-    "validation-held-out-9-h200-2026-12-04.jsonl": "held-out 9",
-    "validation-held-out-10-h200-2026-12-04.jsonl": "held-out 10",
-    "validation-held-out-11-h200-2026-12-04.jsonl": "held-out 11",
-    "validation-held-out-12-h200-2026-12-05.jsonl": "held-out 12",
-    "validation-held-out-13-h200-2026-12-05.jsonl": "held-out 13",
-    "validation-held-out-14-h100-2026-12-05.jsonl": "held-out 14",
-    "validation-held-out-15-h100-2026-12-05.jsonl": "held-out 15",
-    "validation-held-out-16-h100-2026-12-05.jsonl": "held-out 16",
-}
-"""The memory estimator's validation sets: each measurement file and the name docs/accuracy.md gives it.
-benchmarks/docs_estimates.py writes each set's error table into docs/data, named after the set
-(`errors-held-out-1.md`)."""
 
 
 GiB, MiB = 1024**3, 1024**2
@@ -191,37 +167,20 @@ class Table:
         return f"{self.right} of {self.verdicts}" if self.verdicts else "-"
 
 
-def sets() -> dict[str, str]:
-    """Set name -> its measurement file (`VALIDATION` turned around)."""
-    return {v: k for k, v in VALIDATION.items()}
-
-
-def _card(measurements: str) -> str:
-    return "H100" if "-h100-" in measurements else "H200"
-
-
-def _number(name: str) -> int:
-    return int(name.split()[-1]) if name != "in-sample" else 0
-
-
 def held_out() -> str:
-    """Each held-out set at the commit it was reported at (docs/lab/data/errors-held-out-N-*at-COMMIT.md)."""
-    files = sets()
+    """Each held-out set at the commit it was reported at (`manifest.reports`)."""
     lines = ["| set | card | reported at | setups (trained) | `peak_allocated` median / worst | `peak_reserved` "
              "median / worst | `device_used` median / worst | near-capacity verdicts right |",
              "|---|---|---|---|---|---|---|---|"]
-    found = []
-    for f in os.listdir(_lab("data")):
-        m = re.fullmatch(r"errors-held-out-(\d+)(?:-rows-(\d+)-(\d+))?-at-([0-9a-f]+)\.md", f)
-        if m:
-            found.append((int(m.group(1)), int(m.group(2) or 0), m.group(3), m.group(4), f))
-    for n, first, last, commit, f in sorted(found):
-        t = Table(_lab("data", f))
-        name = f"held-out {n}" + (f", rows {first}-{last}" if last else "")
-        lines.append(f"| [{name}](lab/data/{f}) | {_card(files[f'held-out {n}'])} | {commit} | {t.setups} "
+    reported = manifest.reports()
+    for name, r in reported:
+        t = Table(_lab("data", r["table"]))
+        label = name + (f", rows {r['rows']}" if "rows" in r else "")
+        lines.append(f"| [{label}](lab/data/{r['table']}) | {manifest.gpu(name)} | {r['at']} | {t.setups} "
                      f"({t.trained}) | {t.figure('auto')} | {t.figure('reserved')} | {t.figure('device')} "
                      f"| {t.verdict_cell()} |")
-    missing = sorted({_number(s) for s in files if s != "in-sample"} - {n for n, *_ in found})
+    missing = sorted(manifest.number(s) for s in manifest.memory_sets() if s != "in-sample"
+                     and s not in {name for name, _ in reported})
     lines.append("")
     names = " and ".join(", ".join(str(n) for n in missing).rsplit(", ", 1))
     lines.append(f"Held-out {names}: no table at report time was kept (their figures then are in the lab notes "
@@ -231,14 +190,13 @@ def held_out() -> str:
 
 def today() -> str:
     """Every set at the committed estimator (docs/data/errors-*.md): in-sample, all of them."""
-    files = sets()
     lines = ["| set | card | setups (trained) | `peak_allocated` median / worst | `peak_reserved` median / worst "
              "| `device_used` median / worst | analytic `peak_allocated` median / worst "
              "| near-capacity verdicts right |", "|---|---|---|---|---|---|---|---|"]
-    for name in sorted(files, key=_number):
+    for name in sorted(manifest.memory_sets(), key=manifest.number):
         f = f"errors-{name.replace(' ', '-')}.md"
         t = Table(_data(f))
-        lines.append(f"| [{name}](data/{f}) | {_card(files[name])} | {t.setups} ({t.trained}) | {t.figure('auto')} "
+        lines.append(f"| [{name}](data/{f}) | {manifest.gpu(name)} | {t.setups} ({t.trained}) | {t.figure('auto')} "
                      f"| {t.figure('reserved')} | {t.figure('device')} | {t.figure('analytic')} "
                      f"| {t.verdict_cell()} |")
     return "\n".join(lines)
@@ -248,8 +206,8 @@ def verdict_levels() -> str:
     """How each verdict level fared on the held-out near-capacity runs, each set at the commit it was reported
     at: what `tight` has meant."""
     counts = {level: [0, 0] for level in ("fits", "tight", "no")}
-    for _, f in _at_report():
-        for row in Table(_lab("data", f)).verdict_rows:
+    for _, r in manifest.reports():
+        for row in Table(_lab("data", r["table"])).verdict_rows:
             counts[row[3].split()[0]][row[2].startswith("oom")] += 1
     lines = ["| verdict | runs | trained | ran out of memory |", "|---|---:|---:|---:|"]
     for level, (ran, oom) in counts.items():
@@ -262,7 +220,7 @@ def misses() -> str:
     or whose `peak_reserved` is off by more than 5%, and near-capacity verdicts the tables count wrong."""
     lines = ["| set | setup | `peak_allocated` | `peak_reserved` | `device_used` |", "|---|---|---:|---:|---:|"]
     wrong = ["| set | setup | card | measured under the cap | verdict |", "|---|---|---|---|---|"]
-    for name in sorted(sets(), key=_number):
+    for name in sorted(manifest.memory_sets(), key=manifest.number):
         t = Table(_data(f"errors-{name.replace(' ', '-')}.md"))
         for r in t.rows:
             if not r[5].endswith("%"):
@@ -283,7 +241,7 @@ def sharded() -> str:
         text = open(path).read()
         return {m.group(1): (int(m.group(2)), m.group(3), m.group(4))
                 for m in re.finditer(r"^\| ([a-z_ ]+) \| (\d+) \| ([\d.]+%) \| ([\d.]+%) \|$", text, re.M)}
-    held = summary(_lab("data", "errors-sharded.md"))
+    held = summary(_lab("data", manifest.sharded_report()["table"]))
     now = summary(_data("errors-sharded-now.md"))
     lines = ["| figure | ranks | held out: median / worst | today (in-sample): median / worst |", "|---|---:|---|---|"]
     for key, (n, median, worst) in held.items():
@@ -292,30 +250,21 @@ def sharded() -> str:
 
 
 # --- the step-time model's errors ---------------------------------------------------------------------------
-TIME_HELD_OUT = {
-    # section of docs/lab/time-model.md -> (card, the predicted column to read, how many columns a row has)
-    "### Held-out 11: held-out 13's 12 rows": ("H200", 4, 6),
-    "### Held-out 12: held-out 14's 14 rows": ("H100", 2, 5),
-}
-"""The held-out step-time sets measured after the committed constants were fitted (none of their rows is in
-`FIT_FILES`): each section's rows as reported (measured and predicted milliseconds per step) and its summary
-row in bold, at the constants the code has now."""
+TIME_ROW = re.compile(r"^\| .+? \| ([\d.]+) \| ([\d.]+) \| [+-]\d+% \|$", re.M)
+"""A row of a step-time table: setup, measured ms, predicted ms, error."""
+TIME_SUMMARY = re.compile(r"^(?:in-sample|held out): (\d+) rows, median \|error\| ([\d.]+)%, worst ([\d.]+)%", re.M)
+"""A step-time table's summary line, computed from unrounded times."""
 
 
-def _section(section: str) -> str:
-    doc = open(_lab("time-model.md")).read()
-    text = doc[doc.index(section):]
-    return text[:text.index("\n### ", 1)]
+def time_rows(path: str) -> list[tuple[float, float]]:
+    """(measured, predicted) milliseconds of each row of a step-time table, as printed (0.1 ms)."""
+    return [(float(m.group(1)), float(m.group(2))) for m in TIME_ROW.finditer(open(path).read())]
 
 
-def time_rows(section: str, column: int, width: int) -> list[tuple[float, float]]:
-    """(measured, predicted) of each row of a held-out section, as printed (0.1 ms)."""
-    rows = []
-    for line in _section(section).splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == width and re.fullmatch(r"[\d.]+", cells[1]) and re.fullmatch(r"[\d.]+", cells[column]):
-            rows.append((float(cells[1]), float(cells[column])))
-    return rows
+def time_summary(path: str) -> tuple[int, float, float]:
+    """Rows, median % and worst % of a step-time table, as its summary line reports them."""
+    m = TIME_SUMMARY.search(open(path).read())
+    return int(m.group(1)), float(m.group(2)), float(m.group(3))
 
 
 def errors(rows: list[tuple[float, float]]) -> tuple[int, float, float]:
@@ -324,28 +273,25 @@ def errors(rows: list[tuple[float, float]]) -> tuple[int, float, float]:
     return len(errs), 100 * statistics.median(errs), 100 * max(errs)
 
 
+def time_tables() -> list[tuple[str, str]]:
+    """(card, path) of each held-out step-time table kept as reported (`manifest.time_reports`)."""
+    return [(card, _lab("data", r["table"])) for card, r in manifest.time_reports()]
+
+
 def time_held_out() -> list[tuple[str, int, float, float]]:
-    """(card, rows, median %, worst %) of each held-out step-time set, as its summary row reports them
-    (computed from unrounded times; tests/regression/test_docs.py recomputes them from the printed rows)."""
-    out = []
-    for section, (card, column, width) in TIME_HELD_OUT.items():
-        m = re.search(r"^\| \*\*.+?\*\* \| \*\*([\d.]+)%\*\* \| \*\*([\d.]+)%\*\* \|", _section(section), re.M)
-        out.append((card, len(time_rows(section, column, width)), float(m.group(1)), float(m.group(2))))
-    return out
+    """(card, rows, median %, worst %) of each held-out step-time set, as its summary line reports them
+    (tests/regression/test_docs.py recomputes them from the printed rows)."""
+    return [(card, *time_summary(path)) for card, path in time_tables()]
 
 
 def time_in_sample_rows() -> list[tuple[float, float]]:
     """(measured, predicted) milliseconds of each row of docs/data/time-in-sample.md, as printed."""
-    text = open(_data("time-in-sample.md")).read()
-    return [(float(m.group(1)), float(m.group(2)))
-            for m in re.finditer(r"^\| .+? \| ([\d.]+) \| ([\d.]+) \| [+-]\d+% \|$", text, re.M)]
+    return time_rows(_data("time-in-sample.md"))
 
 
 def time_in_sample() -> tuple[int, float, float]:
     """Rows, median % and worst % of docs/data/time-in-sample.md, as its summary line reports them."""
-    text = open(_data("time-in-sample.md")).read()
-    m = re.search(r"^in-sample: (\d+) rows, median \|error\| ([\d.]+)%, worst ([\d.]+)%", text, re.M)
-    return int(m.group(1)), float(m.group(2)), float(m.group(3))
+    return time_summary(_data("time-in-sample.md"))
 
 
 def time_accuracy() -> str:
@@ -358,30 +304,22 @@ def time_accuracy() -> str:
     return "\n".join(lines)
 
 
-def _at_report() -> list[tuple[int, str]]:
-    """(set number, file) of every held-out table kept as reported (docs/lab/data/errors-held-out-*-at-*.md)."""
-    found = []
-    for f in sorted(os.listdir(_lab("data"))):
-        m = re.fullmatch(r"errors-held-out-(\d+)(?:-rows-\d+-\d+)?-at-[0-9a-f]+\.md", f)
-        if m:
-            found.append((int(m.group(1)), f))
-    return found
-
-
 def readme_accuracy() -> str:
     """The README's accuracy sentence: the held-out memory sets as reported and the held-out step times."""
-    kept = _at_report()
-    held = [Table(_lab("data", f)) for _, f in kept]
+    kept = manifest.reports()
+    held = [Table(_lab("data", r["table"])) for _, r in kept]
     medians = [t.summary["auto"][1] for t in held]
     worsts = [t.summary["auto"][2] for t in held]
     right, verdicts = sum(t.right for t in held), sum(t.verdicts for t in held)
-    (_, n1, m1, w1), (_, n2, m2, w2) = time_held_out()
+    timed = time_held_out()
+    cards = " and ".join(dict.fromkeys(card for card, *_ in timed))
     return (f"Memory, on {len({n for n, _ in kept})} such sets as reported: `peak_allocated` off by "
             f"{min(medians):.2f}-{max(medians):.2f}% at each set's median and {min(worsts):.2f}-{max(worsts):.2f}% "
             f"at its worst; the verdict right on {right} of {verdicts} runs capped to a smaller card near its "
-            f"capacity. Step time, on runs measured after its constants were fitted: {m1:.1f}% at the median, "
-            f"{w1:.1f}% at worst on {n1} H200 runs; {m2:.1f}% / {w2:.1f}% on {n2} H100 runs, predicted from the "
-            f"H100's datasheet figures.")
+            f"capacity. Step time, on {len(timed)} sets measured after its constants were fitted ("
+            f"{sum(n for _, n, *_ in timed)} runs on the {cards}, every card but the H200 predicted from its "
+            f"datasheet figures): {min(m for *_, m, _ in timed):.1f}-{max(m for *_, m, _ in timed):.1f}% at each "
+            f"set's median, {min(w for *_, w in timed):.1f}-{max(w for *_, w in timed):.1f}% at its worst.")
 
 
 BLOCKS: dict[str, tuple[str, Callable[[], str]]] = {

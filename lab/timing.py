@@ -2,12 +2,11 @@
 card it ran on; the fit and the cross-validation of the model's constants; the comparison table.
 
 A measured row's step time is `throughput.step_time_median_s` where the row has it (runs made after it existed),
-else `step_time_s`. Each row is predicted at the speed of the card it ran on (`ran_on`: the H200, or the H100 of
-held-out 14). Rows measured under `--gpu CARD` or `--memory-cap` ran there with capped memory, at that card's
+else `step_time_s`. Each row is predicted at the speed of the card it ran on (`ran_on`: the H200 or the H100). Rows measured under `--gpu CARD` or `--memory-cap` ran there with capped memory, at that card's
 speed: they are predicted at its speed, with the SDPA kernel the emulated card has (no flash on a T4 or V100).
 Rows of `--engine trainer` (Trainer's own loop, gradient clipping) are left out.
 
-`compare` splits rows into in-sample (the files the constants were fitted on: `FIT_FILES`), held-out (any other
+`compare` splits rows into in-sample (the files the constants were fitted on: `manifest.fit_files`), held-out (any other
 file) and sharded (one rank of an N-GPU run on a fake process group, whose FSDP gathers the model does not time:
 apart, so that they do not count as held-out errors), and prints per row the predicted and measured step time
 with the error, the median and worst absolute error, and the Spearman rank correlation of predicted vs measured
@@ -30,55 +29,13 @@ from trainmem.estimator.memory import states
 from trainmem.estimator.time import step as timing
 from trainmem.hardware.gpus import CATALOG, GPU, find_gpu
 
-from . import repository
+from . import manifest
 
 Row = dict[str, Any]
 
-FIT_FILES = (
-    "chapter-h200-2026-12-02.jsonl", "chapter-measured-and-estimated-2026-12-02.jsonl",
-    "sweep-chapter-t4-h200-2026-12-02.jsonl", "trainer-vs-loop-h200-2026-12-02.jsonl",
-    "validation-h200-2026-12-02.jsonl", "validation-isolated-h200-2026-12-03.jsonl",
-    "validation-held-out-h200-2026-12-03.jsonl", "validation-held-out-2-h200-2026-12-03.jsonl",
-    "validation-held-out-3-h200-2026-12-03.jsonl",
-    "validation-held-out-4-h200-2026-12-03.jsonl", "time-held-out-h200-2026-12-04.jsonl",
-    # reported at f706eda's model before any change (docs/lab/time-model.md, held-out 3): in-sample from here on
-    "validation-held-out-5-h200-2026-12-04.jsonl", "validation-held-out-6-h200-2026-12-04.jsonl",
-    # reported at f706eda's constants before any change (docs/lab/time-model.md, held-out 4 and 5): in-sample from
-    # here on
-    "validation-held-out-7-h200-2026-12-04.jsonl", "validation-held-out-8-h200-2026-12-04.jsonl",
-    # reported at the third refit's constants before any change (docs/lab/time-model.md, held-out 6 and 7), and
-    # the chapter's emulated-T4 sweeps (docs/lab/cards-2026-12-05.md): in-sample from the fourth change on
-    "validation-held-out-9-h200-2026-12-04.jsonl", "validation-held-out-10-h200-2026-12-04.jsonl",
-    "sweep-chapter-t4-emulated-h200-2026-12-03.jsonl", "sweep-chapter-t4-emulated-h200-2026-12-04.jsonl",
-    # reported at the fourth and fifth changes' constants before any change (docs/lab/time-model.md, held-out 9):
-    # in-sample from the sixth change on
-    "validation-held-out-11-h200-2026-12-04.jsonl", "validation-held-out-11-rows-14-29-h200-2026-12-05.jsonl",
-    # reported at the sixth change's constants before any change (docs/lab/time-model.md, held-out 10): in-sample
-    # from the seventh change on
-    "validation-held-out-12-h200-2026-12-05.jsonl")
-"""The calibration data, files of docs/lab/data (`fit_paths`): the H200 measurement files committed before the
-time model existed (every one of their rows with a step time, see `rows`), and since the 2026-12-04 change the
-step-time model's two former held-out sets: `validation-held-out-4-h200-2026-12-03.jsonl` (memory's held-out 4,
-measured 2026-12-03, the time model's first held-out check) and `time-held-out-h200-2026-12-04.jsonl`
-(`TIME_SET` of benchmarks/time_validate.py, measured 2026-12-04); both were reported at the model before that
-change (docs/lab/time-model.md) and are in-sample now: the next held-out set judges the change. Memory's held-out
-5 and 6 (`validation-held-out-5-h200-2026-12-04.jsonl`, `validation-held-out-6-h200-2026-12-04.jsonl`, measured
-2026-12-04) were reported at f706eda's time model (held-out 3 in docs/lab/time-model.md) and joined the fit
-after that, with the second change. Memory's held-out 7 and 8 (`validation-held-out-7-h200-2026-12-04.jsonl`,
-`validation-held-out-8-h200-2026-12-04.jsonl`, measured 2026-12-04) were reported at f706eda's constants (held-out
-4 and 5 in docs/lab/time-model.md) and joined the fit after that, with the third refit; held-out 9 and 10 (held-out 6
-and 7 there) with the fourth change, with the chapter's two emulated-T4 sweeps. Named, not globbed, so that a
-new held-out file stays held out when it is committed next to them. Since the fourth change only their rows
-timed over several steps (`step_time_median_s`) are fitted (`timed`). Memory's held-out 11 (both files: rows 0-15
-measured 2026-12-04, rows 14-29 on 2026-12-05) was reported at the fourth and fifth changes' constants (held-out
-9 in docs/lab/time-model.md) and joined the fit with the sixth change; held-out 12 (measured 2026-12-05, held-out 10
-there) with the seventh."""
-
-
 def fit_paths() -> list[str]:
-    """The paths of `FIT_FILES` in this checkout's docs/lab/data."""
-    data = repository.docs("lab", "data")
-    return [str(data / name) for name in FIT_FILES]
+    """The paths of the files the step-time constants are fitted on (`manifest.fit_files`)."""
+    return [manifest.path(name) for name in manifest.fit_files()]
 
 
 def measured_s(row: Row) -> float | None:
@@ -250,14 +207,14 @@ def fit_rows(data: list[Row], start: dict[str, float] | None = None,
 
 
 def fit(paths: list[str] | None = None) -> dict[str, float]:
-    """Refit `timing.FITTED` on the `timed` rows of `paths` (default: `FIT_FILES`): least squares on
+    """Refit `timing.FITTED` on the `timed` rows of `paths` (default: `fit_paths`): least squares on
     log(predicted / measured), Nelder-Mead in log space from the committed values. Prints the constants to
     paste into the step-time module."""
     return fit_rows([r for _, r in timed(rows(paths or fit_paths()))])[0]
 
 
 def cv(paths: list[str] | None = None) -> int:
-    """Cross-validation of the model's structure on the fitting rows (default: `FIT_FILES`), without a GPU:
+    """Cross-validation of the model's structure on the fitting rows (default: `fit_paths`), without a GPU:
     leave one file out (fit the constants on every other file's rows, predict the left-out file's) and leave one
     model out (the same by model name). Prints median and worst |error| of the out-of-fold predictions and the
     Spearman within each model of the leave-one-file-out predictions. Not a held-out check: the structure itself
@@ -293,7 +250,7 @@ SPEED_DEFAULTS = {"attention": "sdpa", "engine": "loop", "gpus": 1, "shard": "no
 
 
 def noise(paths: list[str] | None = None) -> int:
-    """Setups measured more than once (same model, same `SPEED_KEYS`) among `paths` (default: `FIT_FILES`):
+    """Setups measured more than once (same model, same `SPEED_KEYS`) among `paths` (default: `fit_paths`):
     each one's spread, max / min - 1, and each measurement's |deviation| from its setup's median: what no model
     of the setup alone can explain."""
     groups: dict[tuple[str, str], list[float]] = {}
