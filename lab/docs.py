@@ -26,6 +26,7 @@ import statistics
 from collections.abc import Callable
 from types import ModuleType
 
+from trainmem.config.optimizers import OPTIMIZERS as OPTIMIZER_TABLE
 from trainmem.estimator.time import step as timing_model
 from trainmem.hardware import gpus as cards
 
@@ -97,6 +98,17 @@ def time_constants() -> str:
     missing = fitted - {r[0] for r in rows}
     if missing:
         raise ValueError(f"fitted constants without a docstring: {sorted(missing)}")
+    return "\n".join(lines)
+
+
+def optimizers() -> str:
+    """Each optimizer's row of `config.optimizers`: what it keeps, what its step moves and launches."""
+    lines = ["| `--optimizer` | `TrainingArguments.optim` | keeps | state bytes of a 4096 x 4096 bf16 matrix "
+             "| step passes (bytes per trained byte) | host launches per tensor |", "|---|---|---|---:|---:|---:|"]
+    for o in OPTIMIZER_TABLE.values():
+        state = o.state_bytes(4096 * 4096, (4096, 4096), 2)
+        passes = "8-bit kernel (`BYTES_8BIT`)" if o.eight_bit else f"{o.passes:g}"
+        lines.append(f"| `{o.name}` | `{o.trainer}` | {_cell(o.help)} | {state:,} | {passes} | {o.per_tensor:g} |")
     return "\n".join(lines)
 
 
@@ -325,6 +337,7 @@ def readme_accuracy() -> str:
 BLOCKS: dict[str, tuple[str, Callable[[], str]]] = {
     "time-constants": ("docs/time-model.md", time_constants),
     "card-speeds": ("docs/time-model.md", card_speeds),
+    "optimizers": ("docs/time-model.md", optimizers),
     "time-accuracy": ("docs/accuracy.md", time_accuracy),
     "catalog": ("docs/cards.md", catalog),
     "card-names": ("README.md", card_names),

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from .setup import TRAINER_OPTIMS, TrainSetup, is_regex
+from .optimizers import trainer_name
+from .setup import TrainSetup, is_regex
 
 
 def describe(setup: TrainSetup, varied: tuple[str, ...] = ("precision", "optimizer")) -> str:
@@ -44,7 +45,7 @@ def training_arguments(s: TrainSetup) -> str:
         args.append("bf16=True")
     if s.precision == "amp-fp16":
         args.append("fp16=True")
-    args.append(f'optim="{TRAINER_OPTIMS.get(s.optimizer, s.optimizer)}"')
+    args.append(f'optim="{trainer_name(s.optimizer)}"')
     load = {"fp16": "torch.float16", "bf16": "torch.bfloat16"}.get(s.precision, "torch.float32")
     comment = f"# model loaded with dtype={load}"
     lora = f"LoraConfig(r={s.lora_r}, lora_alpha={s.lora_alpha}, lora_dropout={s.lora_dropout}{_targets(s)})"

@@ -17,9 +17,12 @@ from typing import Any
 from trainmem.errors import SetupError
 from trainmem.hardware.gpus import find_gpu, gpu_problem
 
+from .optimizers import OPTIMIZERS as OPTIMIZER_TABLE
+from .optimizers import by_trainer_name, trainer_name
+
 PEFTS = ("none", "lora", "qlora")
 PRECISIONS = ("auto", "fp32", "fp16", "bf16", "amp-bf16", "amp-fp16")
-OPTIMIZERS = ("adamw", "adamw-fused", "adamw-8bit", "paged-adamw-8bit", "sgd", "adafactor")
+OPTIMIZERS = tuple(OPTIMIZER_TABLE)
 ATTENTIONS = ("auto", "sdpa", "eager")
 LABELS = ("random", "copy")
 DATA_MODES = ("pad", "pack")
@@ -29,9 +32,6 @@ ESTIMATORS = ("auto", "analytic", "simulate")
 """How `trainmem.estimate` predicts (defined here, torch-free, so that the CLI's help needs no estimator)."""
 SHARDS = ("none", "ddp", "zero1", "zero2", "zero3", "fsdp")
 OFFLOADS = ("none", "optimizer", "params")
-# TrainSetup optimizer -> TrainingArguments.optim (Trainer builds the same torch/bitsandbytes classes)
-TRAINER_OPTIMS = {"adamw": "adamw_torch", "adamw-fused": "adamw_torch_fused", "sgd": "sgd",
-                  "adafactor": "adafactor", "adamw-8bit": "adamw_bnb_8bit", "paged-adamw-8bit": "paged_adamw_8bit"}
 
 
 @dataclass
@@ -113,6 +113,11 @@ class TrainSetup:
         """Samples per optimizer step: micro-batch x accumulation x data-parallel GPUs."""
         return self.batch_size * self.grad_accum * self.gpus
 
+    @property
+    def distributed(self) -> bool:
+        """Whether this is one rank of a run on several GPUs (or a sharded one): the one place that says so."""
+        return self.gpus > 1 or self.shard != "none"
+
     def lr_note(self) -> str | None:
         """A warning when `lr` was tuned for another effective batch (linear scaling, Goyal et al. 2017)."""
         if self.lr_batch is None or self.lr_batch == self.effective_batch:
@@ -178,7 +183,7 @@ class TrainSetup:
                        gradient_accumulation_steps=self.grad_accum, gradient_checkpointing=self.checkpointing,
                        gradient_checkpointing_kwargs={"use_reentrant": False} if self.checkpointing else None,
                        bf16=self.precision == "amp-bf16", fp16=self.precision == "amp-fp16",
-                       optim=TRAINER_OPTIMS.get(self.optimizer, self.optimizer), learning_rate=self.lr,
+                       optim=trainer_name(self.optimizer), learning_rate=self.lr,
                        seed=self.seed, max_steps=self.steps, use_cpu=self.device == "cpu")
         fields_.update(more)
         return TrainingArguments(**fields_)
@@ -216,7 +221,7 @@ class TrainSetup:
             out.append(f"--seed: must be a whole number torch can seed with (-2**63 to 2**64 - 1), got {self.seed!r}")
         choice("peft", self.peft, PEFTS)
         choice("precision", self.precision, PRECISIONS)
-        choice("optimizer", self.optimizer, OPTIMIZERS)
+        choice("optimizer", self.optimizer, tuple(OPTIMIZER_TABLE))  # read now: a row added at run time counts
         choice("attention", self.attention, ATTENTIONS)
         choice("labels", self.labels, LABELS)
         choice("data-mode", self.data_mode, DATA_MODES)
@@ -530,13 +535,12 @@ def training_arguments_values(args: Any, model: Any = None) -> dict[str, Any]:
     amp = "amp-bf16" if getattr(args, "bf16", False) else "amp-fp16" if getattr(args, "fp16", False) else None
     optim = getattr(args, "optim", "adamw_torch")
     optim = str(getattr(optim, "value", optim))
-    by_optim = {v: k for k, v in TRAINER_OPTIMS.items()} | {"adamw_8bit": "adamw-8bit"}
     values: dict[str, Any] = dict(
         batch_size=int(args.per_device_train_batch_size),
         grad_accum=int(args.gradient_accumulation_steps),
         checkpointing=bool(args.gradient_checkpointing),
         precision=amp or "auto",
-        optimizer=by_optim.get(optim, optim),  # an unknown name is reported by validation as --optimizer
+        optimizer=by_trainer_name(optim),  # an unknown name is reported by validation as --optimizer
         lr=float(args.learning_rate),
         seed=int(args.seed),
     )

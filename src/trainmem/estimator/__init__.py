@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from trainmem.config.optimizers import OPTIMIZERS
 from trainmem.config.setup import ESTIMATORS, TrainSetup, lora_targets_note
 from trainmem.config.specs import ModelSpec
 from trainmem.hardware import cuda
@@ -48,59 +49,109 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
 
     spec = ModelSpec.resolve(spec) if isinstance(spec, str) else spec
     setup = (setup or TrainSetup()).validate(spec)
-    notes: list[str] = [n for n in [lora_targets_note(spec, setup)] if n]
     if method not in METHODS:
         raise SetupError([f"--method: {method!r} is not one of {', '.join(METHODS)}"])
     precision = setup.resolved_precision(spec, "cuda")
+    method, why = _method(setup, method)
+    notes = _setup_notes(spec, setup, why)
+    # the card's runtime (cuBLAS workspace, SDPA kernel, memory outside the allocator); without --gpu the
+    # H200's, where the runtime figures were measured
+    card = find_gpu(setup.gpu) if setup.gpu else None
+    runtime_card = card or CATALOG["H200"]
+    notes += _card_notes(card)
+    paged = OPTIMIZERS[setup.optimizer].paged
+    if paged:
+        notes.append("paged optimizer states live in CUDA managed memory: outside peak_allocated, inside device_used")
+    inv = states.inventory(spec, setup, precision)
+    model_states = {"weights": states.weights(inv), "gradients": states.gradients(inv),
+                    "optimizer": states.optimizer(inv, setup.optimizer)}
+    memory, phase, terms, reserved, method = _memory(spec, setup, precision, inv, model_states, method, notes,
+                                                     runtime_card, step, compare=card is not None and not paged)
+    if _grouped_experts(inv) and ROUTING_BALANCED not in notes:
+        notes.append(ROUTING_FREE)
+    if paged:
+        memory["peak_allocated"] -= memory["optimizer"]
+        memory["optimizer"] = 0
+    # simulate replays its allocations through the caching allocator's policy; analytic has no event
+    # order to replay and takes the measured median gap
+    memory["peak_reserved"] = reserved if reserved is not None else int(memory["peak_allocated"] * runtime.RESERVED_OVER_ALLOCATED)
+    overhead = runtime_card.overhead(setup.attention, precision, setup.peft)
+    memory["device_used"] = memory["peak_reserved"] + overhead + (model_states["optimizer"] if paged else 0)
+    if setup.distributed:  # the states one GPU holds, as a measured rank reports them
+        rank = _rank_states(inv, setup, precision, model_states)
+        model_states = {"weights": rank.weights, "gradients": rank.gradients, "optimizer": rank.optimizer}
+    terms.update(_weight_terms(inv, setup, model_states, notes))
+    time = _time(spec, inv, setup, precision, runtime_card, notes)
+    installed = runtime.versions()
+    if runtime.version_note(installed):
+        notes.append(runtime.version_note(installed))
+    env = {**installed, **stamp(), "validated_on": dict(runtime.VALIDATED_ON)}
+    model = {**spec.describe(), "trainable_parameters": sum(p.numel for p in inv.params if p.trainable)}
+    resolved = setup.replace(device="cuda", precision=precision)
+    return Breakdown(method, memory, model_states, phase, resolved.to_dict(), model, overhead,
+                     terms, tuple(notes), env, time)
+
+
+def _setup_notes(spec: ModelSpec, setup: TrainSetup, method_note: str | None) -> list[str]:
+    """What the answer should say about the setup itself: LoRA targets chosen for the user, attention that fell
+    back to eager, why the method is not the one asked for (`_method`), the GPUs, `--data` priced as full
+    rows, a learning rate tuned for another batch."""
+    notes: list[str] = [n for n in [lora_targets_note(spec, setup)] if n]
     if "sdpa" not in spec.attentions:  # auto became eager (explicit sdpa is refused by validate)
         from transformers import __version__
 
         notes.append(f"eager attention: {getattr(spec.model_class, '__name__', spec.name)} does not support SDPA "
                      f"in transformers {__version__}")
-    if setup.gpus > 1 or setup.shard != "none":
-        if sharded.simulates(setup) and method != "analytic":
-            method = "simulate"  # rank 0's FSDP2 step under the fake process group (sharded.py)
-        else:
-            notes.append(f"--shard {setup.shard}" + (f" --offload {setup.offload}" if setup.offload != "none" else "")
-                         + ": modelled by the analytic method only, unvalidated against measured runs"
-                         + (" (simulate was asked for: used analytic instead)" if method == "simulate" else ""))
-            method = "analytic"
+    if method_note:
+        notes.append(method_note)
+    if setup.distributed:
         notes.append(f"per GPU, {setup.gpus} GPUs with {setup.shard}"
                      + (f", {setup.offload} offloaded" if setup.offload != "none" else ""))
-    if method == "auto":
-        method = "simulate"
     if setup.data is not None:
         notes.append(f"--data: estimated as full {setup.seq_len}-token rows (an upper bound for padded text)")
     if setup.lr_note():
         notes.append(setup.lr_note())
-    # the card's runtime (cuBLAS workspace, SDPA kernel, memory outside the allocator); without --gpu the
-    # H200's, where the runtime figures were measured
-    card = find_gpu(setup.gpu) if setup.gpu else None
-    runtime_card = card or CATALOG["H200"]
-    if card is not None and not card.measured:
-        notes.append(f"{card.name}: runtime figures derived from the H200 measurement (docs/cards.md): "
-                     f"{card.cublas_workspace / 2**20:.3g} MiB cuBLAS workspace per handle, "
-                     f"{card.context / 2**20:.0f} MiB outside the allocator"
-                     + ("" if card.flash else ", memory-efficient SDPA instead of flash (no flash kernel before sm80)"))
-    if setup.optimizer == "paged-adamw-8bit":
-        notes.append("paged optimizer states live in CUDA managed memory: outside peak_allocated, inside device_used")
-    resolved = setup.replace(device="cuda", precision=precision)
-    inv = states.inventory(spec, setup, precision)
-    model_states = {"weights": states.weights(inv), "gradients": states.gradients(inv),
-                    "optimizer": states.optimizer(inv, setup.optimizer)}
-    trainable = sum(p.numel for p in inv.params if p.trainable)
-    model = {**spec.describe(), "trainable_parameters": trainable}
+    return notes
+
+
+def _method(setup: TrainSetup, method: str) -> tuple[str, str | None]:
+    """`analytic` or `simulate`, and a note where that is not what was asked for: `auto` simulates every
+    single-GPU setup and FSDP2's rank 0; the other sharding strategies and offload have the analytic method only."""
+    if setup.distributed:
+        if sharded.simulates(setup) and method != "analytic":
+            return "simulate", None  # rank 0's FSDP2 step under the fake process group (sharded.py)
+        return "analytic", (f"--shard {setup.shard}" + (f" --offload {setup.offload}" if setup.offload != "none"
+                                                        else "")
+                            + ": modelled by the analytic method only, unvalidated against measured runs"
+                            + (" (simulate was asked for: used analytic instead)" if method == "simulate" else ""))
+    return ("simulate" if method == "auto" else method), None
+
+
+def _card_notes(card: GPU | None) -> list[str]:
+    """Where the card's runtime figures are derived rather than measured, which ones."""
+    if card is None or card.measured:
+        return []
+    return [f"{card.name}: runtime figures derived from the H200 measurement (docs/cards.md): "
+            f"{card.cublas_workspace / 2**20:.3g} MiB cuBLAS workspace per handle, "
+            f"{card.context / 2**20:.0f} MiB outside the allocator"
+            + ("" if card.flash else ", memory-efficient SDPA instead of flash (no flash kernel before sm80)")]
+
+
+def _memory(spec: ModelSpec, setup: TrainSetup, precision: str, inv: states.Inventory, model_states: dict[str, int],
+            method: str, notes: list[str], card: GPU, step: Any,
+            compare: bool) -> tuple[dict[str, int], str, dict[str, int], int | None, str]:
+    """The step's memory by `method`, falling back to the other where one cannot run this model: (memory, peak
+    phase, terms, peak reserved where the allocator was replayed, the method used). `compare`: also price
+    the analytic method's reserved bytes beside a simulation, so that the verdict can say where they differ."""
     if method == "analytic":
         try:
             analytic.Traits.of(inv.model)
         except ValueError as e:
             notes.append(f"the analytic method does not know {spec.name}'s modules ({e}): simulated instead")
             method = "simulate"
-    reserved = None
-    simulated = None
     if method == "simulate":
         try:
-            simulated = _simulate(spec, setup, precision, notes, runtime_card, step)
+            memory, phase, terms, reserved = _simulate(spec, setup, precision, notes, card, step)
         except (UnknownValue, NotImplementedError) as e:  # the meta device cannot run this model's step
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             notes.append(f"the simulate method cannot run {spec.name}'s step on the meta device ({first}): "
@@ -110,32 +161,23 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
             except ValueError as missing:
                 raise EstimateError(f"{spec.name}: neither method can estimate it: {first}; and the analytic "
                                     f"method does not know its modules ({missing})") from None
-            method = "analytic"
-    if _grouped_experts(inv) and ROUTING_BALANCED not in notes:
-        notes.append(ROUTING_FREE)
-    if simulated is not None:
-        memory, phase, terms, reserved = simulated
-        if card is not None and setup.optimizer != "paged-adamw-8bit":
-            # the other method's reserved bytes, so that the verdict can say where the two disagree
-            other = _analytic_reserved(inv, setup, precision, model_states, runtime_card)
-            if other is not None:
-                terms["analytic_reserved"] = other
-    else:
-        memory, phase, terms = _analytic(inv, setup, precision, model_states, notes, runtime_card)
-    if setup.optimizer == "paged-adamw-8bit":
-        memory["peak_allocated"] -= memory["optimizer"]
-        memory["optimizer"] = 0
-    # simulate replays its allocations through the caching allocator's policy; analytic has no event
-    # order to replay and takes the measured median gap
-    memory["peak_reserved"] = reserved if reserved is not None else int(memory["peak_allocated"] * runtime.RESERVED_OVER_ALLOCATED)
-    paged = model_states["optimizer"] if setup.optimizer == "paged-adamw-8bit" else 0
-    overhead = runtime_card.overhead(setup.attention, precision, setup.peft)
-    memory["device_used"] = memory["peak_reserved"] + overhead + paged
-    if setup.gpus > 1 or setup.shard != "none":  # the states one GPU holds, as a measured rank reports them
-        rank = _rank_states(inv, setup, precision, model_states)
-        model_states = {"weights": rank.weights, "gradients": rank.gradients, "optimizer": rank.optimizer}
+        else:
+            if compare:
+                other = _analytic_reserved(inv, setup, precision, model_states, card)
+                if other is not None:
+                    terms["analytic_reserved"] = other
+            return memory, phase, terms, reserved, method
+    memory, phase, terms = _analytic(inv, setup, precision, model_states, notes, card)
+    return memory, phase, terms, None, "analytic"
+
+
+def _weight_terms(inv: states.Inventory, setup: TrainSetup, model_states: dict[str, int],
+                  notes: list[str]) -> dict[str, int]:
+    """The weights' parts the breakdown shows apart: a mixture of experts' expert weights, and QLoRA's weights
+    that stay unquantized where they are most of them (with the note that says what to do instead)."""
+    terms: dict[str, int] = {}
     experts = sum(int(p.numel * p.bytes_per) for p in inv.params if ".experts." in f".{p.name}")
-    if experts and setup.gpus == 1 and setup.shard == "none":  # the weights' share of a mixture of experts
+    if experts and not setup.distributed:  # the weights' share of a mixture of experts
         terms["expert_weights"] = experts
     if setup.peft == "qlora":
         left = _unquantized(inv)
@@ -145,13 +187,7 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
                          f"weights are not 4-bit ({left[1]}): bitsandbytes quantizes only nn.Linear and Conv1D "
                          "layers, and peft's prepare_model_for_kbit_training casts the others to fp32; --peft "
                          "lora in bf16 holds them in half the bytes")
-    time = _time(spec, inv, setup, precision, runtime_card, notes)
-    installed = runtime.versions()
-    if runtime.version_note(installed):
-        notes.append(runtime.version_note(installed))
-    env = {**installed, **stamp(), "validated_on": dict(runtime.VALIDATED_ON)}
-    return Breakdown(method, memory, model_states, phase, resolved.to_dict(), model, overhead,
-                     terms, tuple(notes), env, time)
+    return terms
 
 
 def _time(spec: ModelSpec, inv: states.Inventory, setup: TrainSetup, precision: str, card: GPU,
@@ -214,7 +250,7 @@ def _rank_states(inv: states.Inventory, setup: TrainSetup, precision: str,
     gathered = _largest_layer(inv) // (2 if precision.startswith("amp") and setup.shard == "fsdp" else 1)
     return sharding.rank_states(ms["weights"], ms["gradients"], ms["optimizer"], trainable,
                                 precision in ("fp16", "bf16"), setup.gpus, setup.shard, setup.offload,
-                                gathered, foreach_copy=setup.optimizer == "adamw",
+                                gathered, foreach_copy=OPTIMIZERS[setup.optimizer].foreach,
                                 unsharded_optimizer=_step_scalars(inv, setup.optimizer))
 
 
@@ -301,7 +337,7 @@ def _largest_layer(inv: states.Inventory) -> int:
 def _step_scalars(inv: states.Inventory, optimizer: str) -> int:
     """torch AdamW's fp32 `step`, one per trainable parameter tensor the loss reaches (`states.optimizer` counts
     it), whole on every rank."""
-    return 4 * sum(1 for p in inv.params if p.updated) if optimizer in ("adamw", "adamw-fused") else 0
+    return 4 * sum(1 for p in inv.params if p.updated) if OPTIMIZERS[optimizer].step_scalar else 0
 
 
 def _lora_inputs(inv: states.Inventory, setup: TrainSetup, layers: int) -> int:

@@ -63,7 +63,7 @@ def execute_validated(spec: ModelSpec, setup: TrainSetup) -> Result:
         from trainmem.measure.fake_rank import measure_emulated
 
         return measure_emulated(spec, setup, device, precision)
-    if setup.gpus > 1 or setup.shard != "none":  # CPU ranks over gloo (environment_problems allows no other)
+    if setup.distributed:  # CPU ranks over gloo (environment_problems allows no other)
         from trainmem.measure.gloo import execute_distributed
 
         return execute_distributed(spec, setup, device, precision)

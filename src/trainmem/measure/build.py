@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import importlib.util
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from trainmem.config.optimizers import OPTIMIZERS
 from trainmem.config.setup import TrainSetup, peft_targets
 from trainmem.config.specs import ModelSpec
 from trainmem.errors import SetupError
@@ -40,7 +42,7 @@ def _cpu_runs(dtype: torch.dtype) -> bool:
 def environment_problems(setup: TrainSetup, device: str, precision: str) -> list[str]:
     """Problems that depend on this machine: missing CUDA or bitsandbytes, dtypes the CPU lacks."""
     out: list[str] = []
-    if setup.gpus > 1 or setup.shard != "none":
+    if setup.distributed:
         predict = f"predict them with trainmem estimate --gpus {setup.gpus} --shard {setup.shard}"
         if setup.shard.startswith("zero"):
             out.append(f"--shard {setup.shard}: measured ZeRO runs are not built yet (DeepSpeed is not "
@@ -52,7 +54,8 @@ def environment_problems(setup: TrainSetup, device: str, precision: str) -> list
             out.append(f"--offload {setup.offload}: measured offload runs are not built yet; {predict}")
         if setup.engine == "trainer":
             out.append("--engine trainer: multi-process runs use the built-in loop; use --engine loop")
-    needs_bnb = setup.peft == "qlora" or "8bit" in setup.optimizer
+    row = OPTIMIZERS.get(setup.optimizer)
+    needs_bnb = setup.peft == "qlora" or (row is not None and row.eight_bit)
     if device == "cuda" and not torch.cuda.is_available():
         out.append("--device cuda: no CUDA device is visible; use --device cpu")
     if needs_bnb and not has_bitsandbytes():
@@ -62,8 +65,8 @@ def environment_problems(setup: TrainSetup, device: str, precision: str) -> list
     if setup.peft == "qlora" and device == "cpu":
         out.append("--peft qlora: 4-bit NF4 training runs on CUDA only here; use --device cuda or "
                    "--peft lora on the CPU")
-    if setup.optimizer == "paged-adamw-8bit" and device == "cpu":
-        out.append("--optimizer paged-adamw-8bit: paged states live in CUDA managed memory; use "
+    if row is not None and row.paged and device == "cpu":
+        out.append(f"--optimizer {setup.optimizer}: paged states live in CUDA managed memory; use "
                    "--optimizer adamw-8bit or a CUDA device")
     if device == "cpu":
         dtype = AUTOCAST_DTYPES.get(precision, WEIGHT_DTYPES.get(precision))
@@ -179,23 +182,35 @@ def build_optimizer(model: torch.nn.Module, setup: TrainSetup) -> torch.optim.Op
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise SetupError(["--peft: the model has no trainable parameters; check --lora-targets"])
-    name, lr = setup.optimizer, setup.lr
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr)
-    if name == "adamw-fused":
-        return torch.optim.AdamW(params, lr=lr, fused=True)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
-    if name == "adafactor":
-        from transformers.optimization import Adafactor
+    return BUILDERS[setup.optimizer](params, setup.lr)
 
-        # An explicit learning rate, as Hugging Face recommends for fine-tuning with Adafactor.
-        return Adafactor(params, lr=lr, scale_parameter=False, relative_step=False, warmup_init=False)
-    import bitsandbytes as bnb
 
-    if name == "adamw-8bit":
-        return bnb.optim.AdamW8bit(params, lr=lr)
-    return bnb.optim.PagedAdamW8bit(params, lr=lr)
+def _adafactor(params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    from transformers.optimization import Adafactor
+
+    # An explicit learning rate, as Hugging Face recommends for fine-tuning with Adafactor.
+    return Adafactor(params, lr=lr, scale_parameter=False, relative_step=False, warmup_init=False)
+
+
+def _bnb(name: str) -> Callable[[list[torch.nn.Parameter], float], torch.optim.Optimizer]:
+    def build(params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+        import bitsandbytes as bnb
+
+        return getattr(bnb.optim, name)(params, lr=lr)
+    return build
+
+
+BUILDERS: dict[str, Callable[[list[torch.nn.Parameter], float], torch.optim.Optimizer]] = {
+    "adamw": lambda params, lr: torch.optim.AdamW(params, lr=lr),
+    "adamw-fused": lambda params, lr: torch.optim.AdamW(params, lr=lr, fused=True),
+    "adamw-8bit": _bnb("AdamW8bit"),
+    "paged-adamw-8bit": _bnb("PagedAdamW8bit"),
+    "sgd": lambda params, lr: torch.optim.SGD(params, lr=lr),
+    "adafactor": _adafactor,
+}
+"""`--optimizer` name -> what builds it over the trainable parameters at a learning rate: the one place besides
+its row in `config.optimizers.OPTIMIZERS` that a new optimizer needs (tests/unit/test_optimizers.py holds both
+to the same names)."""
 
 
 def trainable_parameters(model: torch.nn.Module) -> tuple[int, int]:

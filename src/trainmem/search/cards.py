@@ -59,7 +59,7 @@ def simulates(setup: TrainSetup, method: str) -> bool:
     """Whether `estimate(.., method)` simulates this setup (as its own dispatch decides)."""
     if method == "analytic":
         return False
-    return (setup.gpus == 1 and setup.shard == "none") or sharded.simulates(setup)
+    return not setup.distributed or sharded.simulates(setup)
 
 
 def analytic_knows(spec: ModelSpec, setup: TrainSetup) -> bool:

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from trainmem.config.commands import describe, run_command, training_arguments
+from trainmem.config.optimizers import OPTIMIZERS
 from trainmem.config.setup import TrainSetup
 from trainmem.config.specs import ModelSpec
 from trainmem.errors import SetupError
@@ -40,9 +41,10 @@ if TYPE_CHECKING:  # the estimator imports torch: `trainmem --help` and `trainme
 DIMENSIONS = ("checkpointing", "peft", "optimizer", "precision")
 """What `--allow` may open to the search besides micro-batch x accumulation."""
 DEFAULT_ALLOW = ("checkpointing",)
-OPTIMIZERS = ("adamw", "adamw-fused", "adamw-8bit")
-"""The Adam family: the same update rule (8-bit quantizes its states). SGD and Adafactor train differently,
-so they are never proposed in place of the user's optimizer."""
+ADAMS = tuple(name for name, o in OPTIMIZERS.items() if o.adam and not o.paged)
+"""The Adam family: the same update rule (8-bit quantizes its states; paged states are a choice of where they
+live, not of memory to save). SGD and Adafactor train differently, so they are never proposed in place of the
+user's optimizer."""
 PRECISIONS = ("bf16", "fp16", "amp-bf16", "amp-fp16", "fp32")
 PEFTS = ("none", "lora", "qlora")
 FINALISTS = 2
@@ -127,7 +129,7 @@ def grid(base: TrainSetup, target: int, allow: Iterable[str], card: GPU) -> list
     micro = [d for d in range(1, target + 1) if target % d == 0]
     ckpt = (False, True) if "checkpointing" in allow else (base.checkpointing,)
     pefts = PEFTS if "peft" in allow else (base.peft,)
-    optimizers = tuple(dict.fromkeys((base.optimizer, *OPTIMIZERS))) if "optimizer" in allow else (base.optimizer,)
+    optimizers = tuple(dict.fromkeys((base.optimizer, *ADAMS))) if "optimizer" in allow else (base.optimizer,)
     precisions = (tuple(p for p in PRECISIONS if card.bf16 or "bf16" not in p) if "precision" in allow
                   else (base.precision,))
     return [base.replace(batch_size=b, grad_accum=target // b, checkpointing=c, peft=p, optimizer=o, precision=x)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import PRESETS, ModelSpec, SetupError, TrainSetup, find_gpu
+from ..config.optimizers import OPTIMIZERS
 
 BOUNDS = {"batch_size": 1024, "grad_accum": 64, "seq_len": 131072, "lora_r": 1024, "gpus": 64,
           "target": 4096}
@@ -32,7 +33,7 @@ MAX_UPLOADS = 64
 """Uploaded configs kept in memory (oldest dropped first)."""
 CHOICES = {"peft": ("none", "lora", "qlora"),
            "precision": ("auto", "fp32", "fp16", "bf16", "amp-bf16", "amp-fp16"),
-           "optimizer": ("adamw", "adamw-fused", "adamw-8bit", "paged-adamw-8bit", "sgd", "adafactor"),
+           "optimizer": tuple(OPTIMIZERS),
            "shard": ("none", "ddp", "zero1", "zero2", "zero3", "fsdp")}
 INTS = ("batch_size", "grad_accum", "seq_len", "lora_r", "gpus")
 DEFAULTS = {"model": "polyglot-ko-1.3b", "batch_size": "16", "grad_accum": "1", "seq_len": "256", "peft": "none",

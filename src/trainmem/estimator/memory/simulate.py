@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import torch
 
+from trainmem.config.optimizers import OPTIMIZERS
 from trainmem.config.setup import TrainSetup
 from trainmem.config.specs import ModelSpec
 from trainmem.hardware import cuda
@@ -169,12 +170,13 @@ def _steps(build: Callable[[TensorLedger], Any], setup: TrainSetup, amp: Any, le
     ledger.adopt(list(model.parameters()) + list(model.buffers()))  # any the build did not create itself
     train_mode(model, setup, amp)
     params = [p for p in model.parameters() if p.requires_grad]
-    if setup.optimizer in ("adamw", "adamw-fused"):
+    row = OPTIMIZERS[setup.optimizer]
+    if row.meta_foreach is not None:
         # foreach is the CUDA default for AdamW; the fused kernel has no meta implementation and, like a
         # per-tensor loop, no step temporaries beyond one tensor's
-        optimizer = torch.optim.AdamW(params, lr=setup.lr, foreach=setup.optimizer == "adamw")
-    elif setup.optimizer.endswith("adamw-8bit"):
-        optimizer = quantized.AdamW8bit(params, lr=setup.lr, paged=setup.optimizer.startswith("paged"))
+        optimizer = torch.optim.AdamW(params, lr=setup.lr, foreach=row.meta_foreach)
+    elif row.eight_bit:
+        optimizer = quantized.AdamW8bit(params, lr=setup.lr, paged=row.paged)
     else:
         optimizer = build_optimizer(model, setup)
     held["optimizer"] = optimizer

@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 
+from trainmem.config.optimizers import OPTIMIZERS
 from trainmem.config.setup import TrainSetup
 from trainmem.config.specs import ModelSpec
 
 NF4_BLOCK, NESTED_BLOCK = 64, 256
-BNB_MIN_8BIT = 4096  # bitsandbytes keeps 32-bit state for tensors under 4096 elements (min_8bit_size)
 
 
 @dataclass(frozen=True)
@@ -174,25 +174,8 @@ def gradients(inv: Inventory) -> int:
 
 
 def optimizer(inv: Inventory, name: str) -> int:
-    """Optimizer state bytes after the first step."""
-    total = 0
-    for p in inv.params:
-        if not p.updated:  # torch's optimizers skip a parameter whose grad is None
-            continue
-        n, d = p.numel, int(p.bytes_per)
-        if name in ("adamw", "adamw-fused"):
-            total += 2 * n * d + 4  # exp_avg, exp_avg_sq in the param dtype + fp32 step (torch.optim.AdamW)
-        elif name == "sgd":
-            total += 0  # no momentum buffer without momentum
-        elif name == "adafactor":
-            # factored second moment: a row and a column vector for matrices (Shazeer & Stern 2018),
-            # + the per-parameter RMS scalar transformers keeps as a tensor
-            total += 4 * (sum(p.shape[:-1]) + p.shape[-1] if len(p.shape) >= 2 else n) + 4
-        elif n >= BNB_MIN_8BIT:
-            # bitsandbytes 8-bit Adam: two uint8 states + an fp32 absmax per 256-element block each
-            total += 2 * n + 2 * 4 * math.ceil(n / 256)
-        else:
-            total += 8 * n  # small tensors keep 32-bit states
-    if name in ("adamw-8bit", "paged-adamw-8bit"):
-        total += 2 * 256 * 4  # the two 256-entry quantization maps, shared by all parameters
-    return total
+    """Optimizer state bytes after the first step: the row's rule (`config.optimizers`) over every trainable
+    tensor the loss reaches (torch's optimizers skip a parameter whose grad is None)."""
+    row = OPTIMIZERS[name]
+    return row.shared_bytes + sum(row.state_bytes(p.numel, tuple(p.shape), int(p.bytes_per))
+                                  for p in inv.params if p.updated)

@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from trainmem.config.optimizers import OPTIMIZERS
 from trainmem.config.setup import TrainSetup
 from trainmem.config.specs import ModelSpec
 from trainmem.estimator.memory.states import Inventory, experts_per_token
@@ -89,18 +90,9 @@ FITTED = ("EFF_MATMUL", "EFF_FP32", "EFF_ATTENTION_FP32", "EFF_FLASH", "EFF_EFFI
           "HOST_PER_KERNEL", "QLORA_OPS", "HOST_PER_TENSOR", "EFF_8BIT")
 
 # --- derived, not fitted -------------------------------------------------------------------------------------
-OPTIMIZER_PASSES = {"adamw": 16.0, "adamw-fused": 7.0, "sgd": 3.0, "adafactor": 8.0}
-"""Element reads and writes per trainable parameter in an optimizer step, in the parameter's bytes.
-foreach AdamW: lerp (3), mul (2), addcmul (3), sqrt (2), div (2), add (2), addcdiv (4) over param, grad,
-exp_avg, exp_avg_sq and a temporary (torch/optim/adamw.py `_multi_tensor_adamw`, weight decay folded);
-fused: read p, g, m, v and write p, m, v once; SGD without momentum: read p, g, write p."""
 BYTES_8BIT = (3, 4)
 """8-bit AdamW per parameter: read the gradient and read/write the weight (3 x its bytes), read and write
 two 1-byte states (4 bytes)."""
-PER_TENSOR_OPTIMIZERS = {"adamw-8bit": 1.0, "paged-adamw-8bit": 1.0, "adafactor": 4.0}
-"""Optimizers that loop over tensors in Python (one bitsandbytes kernel per tensor; Adafactor's several
-torch ops per tensor): host launches per trainable tensor. torch's foreach and fused AdamW and SGD group
-every tensor in a few launches."""
 DEQUANT_BYTES = 4.5
 """Bytes per 4-bit weight per dequantization: 0.5 read, 2 written as half, 2 read back by the matmul."""
 UNALIGNED_SLOWDOWN = {"Hopper": 5.9, "other": 2.0}
@@ -261,10 +253,11 @@ def workload(spec: ModelSpec, inv: Inventory, setup: TrainSetup, precision: str,
         "grad_accumulate": (3.0 * sum(n * d for n, d in train_elems)) if accum > 1 else 0.0,
     }
     update = update_8bit = 0.0
-    if setup.optimizer in BYTES_8BIT_OPTIMIZERS:
+    row = OPTIMIZERS[setup.optimizer]  # its passes and host launches per tensor (config/optimizers.py)
+    if row.eight_bit:
         update_8bit = sum(BYTES_8BIT[0] * n * d + BYTES_8BIT[1] * n for n, d in train_elems)
     else:
-        update = OPTIMIZER_PASSES.get(setup.optimizer, OPTIMIZER_PASSES["adamw"]) * sum(n * d for n, d in train_elems)
+        update = row.passes * sum(n * d for n, d in train_elems)
     gpus = max(setup.gpus, 1)
     if setup.shard in ("zero1", "zero2", "zero3", "fsdp"):
         update, update_8bit = update / gpus, update_8bit / gpus  # each rank updates its shard
@@ -276,7 +269,7 @@ def workload(spec: ModelSpec, inv: Inventory, setup: TrainSetup, precision: str,
             pcie += sum(p.numel * 2 for p in inv.params) / gpus * (2 + ck)
 
     quant_calls = sum(1 for p in inv.params if p.quantized) * (2 + ck)
-    step_ops = PER_TENSOR_OPTIMIZERS.get(setup.optimizer, 0.0) * len(train_elems)
+    step_ops = row.per_tensor * len(train_elems)
     return Workload(tokens * accum, accum, flops, half, attention, micro_bytes, {"optimizer": update}, pcie,
                     counted.launches, quant_calls, step_ops, update_8bit)
 
@@ -287,8 +280,6 @@ def _active_share(cfg: Any, experts: int) -> float:
     k = experts_per_token(cfg)
     return min(k, experts) / experts if k else 1.0
 
-
-BYTES_8BIT_OPTIMIZERS = ("adamw-8bit", "paged-adamw-8bit")
 
 
 def step_time(work: Workload, card: GPU, speed: Speed | None = None, tf32: bool = False) -> StepTime | None:
