@@ -16,7 +16,7 @@ widths, layer, head and expert counts, FFN widths, vocabulary, positions, state 
 `mlp_layer_types`, ...) cut to one layer of each kind the full model has, so that a hybrid keeps an attention
 layer and a state-space one and an MoE keeps a dense and a sparse layer. `OVERRIDES` holds the few fields no
 name rule can know (layer periods, byte-group sizes). `benchmarks/registry.py` runs `check` over every type
-and writes `docs/models.md`; `tests/unit/test_registry.py` checks every type plain transformers trains.
+and writes `docs/models.md`; `tests/slow/test_registry.py` checks every type plain transformers trains.
 
 Known limitations: the tiny config is random-weight toy sizes only; what depends on real sizes (kernel
 choices, the allocator's rounding on a GPU) is not exercised here, only that each door runs and that the

@@ -6,7 +6,14 @@ import pytest
 import torch
 
 
+SLOW_TIERS = ("slow", "regression")
+"""Test folders whose every test is `slow`: the README's command leaves them out, CI runs them after it."""
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.parent.name in SLOW_TIERS:
+            item.add_marker(pytest.mark.slow)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

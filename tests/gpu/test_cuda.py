@@ -103,3 +103,15 @@ def test_safe_softmax_allocates_what_the_simulation_adds():
     added = CudaKernels(None)(torch.ops.aten._safe_softmax.default, (meta,), meta)  # no ledger: not a matmul
     # the kernel's own 4-byte scalar is the only allocation the simulation leaves out (one 512-byte block)
     assert 0 <= extra - sum(round_size(n) for n in added) <= 512
+
+
+def test_the_estimated_need_is_the_cap_the_run_needs():
+    """The need an estimate reports for a setup over its cap (the smallest cap under which the simulated step's
+    allocator replay runs) is where the real run starts to fit: 1% below it runs out, 1% above it trains."""
+    from trainmem import estimate, run
+
+    setup = TrainSetup(precision="bf16", batch_size=2, seq_len=512, steps=3)
+    need = estimate("qwen2.5-0.5b", setup.replace(memory_cap=2**30)).memory["peak_reserved"]
+    below = run("qwen2.5-0.5b", setup.replace(device="cuda", memory_cap=int(need * 0.99)))
+    above = run("qwen2.5-0.5b", setup.replace(device="cuda", memory_cap=int(need * 1.01)))
+    assert (below.status, above.status) == ("oom", "ok"), (need, below.error, above.error)

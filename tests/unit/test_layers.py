@@ -97,30 +97,31 @@ def unit(module: str) -> str:
     return parts[0]
 
 
-ESTIMATOR_MEASURE = {"measure.ledger", "measure.build", "measure.accumulation", "measure.train", "measure.data"}
-"""What the estimator may use of `measure`: the tensor ledger, the builder of model and optimizer, the data and
-the loss rule it shares with real runs; never an engine (stages, ranks, emulation, the isolation above them)."""
 
-BASE = {"errors", "version", "result", "hardware", "config", "fsdp"}
 ALLOWED: dict[str, set[str] | None] = {
-    "errors": set(), "version": set(), "result": set(), "fsdp": set(),
-    "hardware": set(),
+    "errors": set(), "version": set(), "result": set(), "fsdp": set(), "hardware": set(),
     "config": {"errors", "hardware"},
-    "measure": BASE,
-    "estimator.memory": BASE | ESTIMATOR_MEASURE,
-    "estimator.time": BASE | ESTIMATOR_MEASURE | {"estimator.memory"},
-    "estimator": BASE | {"estimator.memory", "estimator.time"},
-    "integrations": BASE | {"measure", "estimator"},
-    "isolation": BASE | {"measure", "integrations"},
-    "search": BASE | {"measure", "estimator", "estimator.memory", "isolation"},  # cards: the runtime groups
-    "output": BASE | {"search"},
-    "experiment": BASE | {"isolation"},
+    "measure": {"config", "errors", "fsdp", "hardware", "result", "version"},
+    "estimator.memory": {"config", "fsdp", "hardware", "measure.accumulation", "measure.build", "measure.ledger",
+                         "measure.train"},
+    "estimator.time": {"config", "estimator.memory", "hardware", "measure.accumulation", "measure.build",
+                       "measure.ledger"},
+    "estimator": {"config", "errors", "estimator.memory", "estimator.time", "hardware", "result", "version"},
+    "integrations": {"config", "estimator", "measure", "result"},
+    "isolation": {"config", "errors", "integrations", "measure", "result"},
+    "search": {"config", "errors", "estimator", "estimator.memory", "hardware", "isolation", "result"},  # cards
+    "output": {"config", "hardware", "result", "search"},
+    "experiment": {"config", "isolation", "result"},
     "serve": None,  # on top, beside the CLI: the web page's own door to everything
     "cli": None,  # on top: anything
     "__main__": {"cli"},
-    "trainmem": BASE | {"measure", "estimator", "isolation", "search", "output", "experiment", "integrations"},
+    "trainmem": {"config", "errors", "estimator", "experiment", "hardware", "isolation", "measure", "result", "search",
+                 "version"},
 }
-"""What each layer may import, bottom to top (docs/architecture.md); None: anything. Lazy imports count."""
+"""What each layer imports, bottom to top (docs/architecture.md), and no more: a layer that starts to need another
+below it says so here; None: anything. Lazy imports count. The estimator's layers use of `measure` only what they
+share with real runs (the ledger, the builder of model and optimizer, the loss rule, the loop's probe steps),
+never an engine (stages, ranks, emulation, the isolation above them)."""
 
 
 def allowed(importer: str, imported: str) -> bool:
@@ -141,6 +142,14 @@ def test_each_layer_imports_only_the_layers_below_it():
     assert allowed("trainmem.estimator.memory.simulate", "trainmem.measure.build")
     assert not allowed("trainmem.config.setup", "trainmem.measure.build")
     assert not allowed("trainmem.search.plan", "trainmem.cli.run")
+    used: dict[str, set[str]] = {}
+    for m, deps in graph.items():
+        for d in deps:
+            if unit(d) != unit(m):
+                used.setdefault(unit(m), set()).add(".".join(d.split(".")[1:3]) if unit(d) == "measure" else unit(d))
+    slack = {layer: sorted(r for r in rule if not any(u == r or u.startswith(r + ".") for u in used.get(layer, ())))
+             for layer, rule in ALLOWED.items() if rule is not None}
+    assert {layer: s for layer, s in slack.items() if s} == {}, "an allowed import nothing uses: drop it from ALLOWED"
 
 
 def test_the_package_keeps_few_top_level_modules():
@@ -220,10 +229,10 @@ def test_no_test_reaches_into_benchmarks():
 
 
 def test_every_test_sits_in_a_tier():
-    """tests/unit (derived values, CPU), tests/regression (snapshots of the docs and committed tables, for the pinned
-    versions), tests/gpu (a CUDA device): each tier's README.md says what belongs there; fixtures stay in
-    tests/conftest.py, above all three."""
-    tiers = {"unit", "regression", "gpu"}
+    """tests/unit (derived values, CPU, minutes in all), tests/slow (real-sized estimates and sweeps), tests/regression
+    (snapshots of the docs and committed tables, for the pinned versions), tests/gpu (a CUDA device): each tier's
+    README.md says what belongs there; fixtures stay in tests/conftest.py, above all four."""
+    tiers = {"unit", "slow", "regression", "gpu"}
     assert sorted(p.name for p in TESTS.glob("test_*.py")) == []
     assert {p.parent.relative_to(TESTS).as_posix() for p in TESTS.rglob("test_*.py")} == tiers
     assert all((TESTS / tier / "README.md").is_file() for tier in tiers) and (TESTS / "conftest.py").is_file()

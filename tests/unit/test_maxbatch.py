@@ -15,6 +15,7 @@ from trainmem.search.maxbatch import (
     largest,
     newton,
     power_of_two,
+    scan,
     settle,
 )
 
@@ -158,3 +159,19 @@ def test_real_runs_are_judged_by_the_estimates_rule(monkeypatch):
     runs, notes = _real_runs(spec, setup, card, 0.02)
     assert runs.measure(4) == 10 * GB + card.overhead("sdpa", "fp16", "none") == 10 * GB + card.context + 16 * 2**20
     assert caps == [int(RELAX * card.allocator_cap("sdpa", "fp16", "none"))] and not notes
+
+
+def test_scan_goes_past_batches_that_miss_where_memory_is_not_monotone():
+    """polyglot-ko-1.3b in fp16 on a T4: the estimate says `tight` at 5, 7 and 9 and `fits` at 6 and 8; a
+    monotone search stops at 4, the scan finds 8 and names the batches below it that do not fit."""
+    levels = {5: "tight", 6: "fits", 7: "tight", 8: "fits", 9: "tight", 10: "tight", 11: "tight", 12: "fits"}
+    seen = []
+
+    def level(b):
+        seen.append(b)
+        return levels.get(b, "no")
+
+    assert scan(level, 4) == (8, [5, 7])
+    assert seen == [5, 6, 7, 8, 9, 10, 11]  # three misses in a row end it: 12 is never asked
+    assert scan(lambda b: "fits" if b <= 4 else "no", 4) == (4, [])  # beyond the card: no further batch is tried
+    assert scan(lambda b: "fits", 10, limit=12) == (12, [])

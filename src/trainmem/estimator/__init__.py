@@ -395,26 +395,49 @@ def _replay(events: list[tuple[int, int]], steady: int | None, cap: int | None, 
     (where a full allocator frees its cached segments and retries), the last step (from event `steady`)
     repeated until the allocator's layout settles.
 
-    A step that runs out under the cap needs more than the card has; how much more is the replay without the
-    cap (no bytes are freed to make room, so it reserves at least what the capped one did). That is a
-    projection: no real allocator of that card ever holds it, so the note says so."""
+    A step that runs out under the cap needs more than the card has; how much more is the smallest cap under
+    which the same replay runs (`_smallest_cap`): what a card needs to hold this step, continuous with the
+    reserved bytes of setups that fit."""
     a = allocator.CachingAllocator(cap=cap)
     try:
         settled = allocator.replay_steps(events, steady, a)
         replayed = _Replayed(a.peak_reserved, a.peak_allocated)
     except allocator.AllocatorOOM as e:
-        free = allocator.CachingAllocator()
-        settled = allocator.replay_steps(events, steady, free)
-        reserved = max(free.peak_reserved, e.cap + e.requested)
+        fitted, settled = _smallest_cap(events, steady, e.cap)
         notes.append(f"does not fit the {e.cap / 2**30:.2f} GiB the allocator may hold: a {e.requested / 2**20:.0f} MiB "
                      f"request fails with {e.reserved / 2**30:.2f} GiB reserved; the step needs "
-                     f"{reserved / 2**30:.2f} GiB reserved, from the same replay without the cap (a projection "
-                     "beyond the card, as exact as the simulation below it)")
-        replayed = _Replayed(reserved, free.peak_allocated, e.requested)
+                     f"{fitted.peak_reserved / 2**30:.2f} GiB reserved, the smallest cap under which the same "
+                     "allocator replay runs (as exact as the simulation below it)")
+        replayed = _Replayed(fitted.peak_reserved, fitted.peak_allocated, e.requested)
     if not settled:
         notes.append(f"the allocator replay did not settle in {allocator.SETTLE_STEPS} more steps: later steps "
                      "may reserve more than estimated")
     return replayed
+
+
+NEED_RESOLUTION = 2 * 2**20
+"""The smallest cap is searched to this many bytes: the large pool's segment rounding (allocator.ROUND_LARGE)."""
+
+
+def _smallest_cap(events: list[tuple[int, int]], steady: int | None,
+                  failed: int) -> tuple[allocator.CachingAllocator, bool]:
+    """The replay under the smallest cap above `failed` (a cap it ran out under) under which it runs, found by
+    bisection to `NEED_RESOLUTION`, and whether that replay settled. Without a cap the allocator never frees
+    its cache, so the uncapped peak bounds the search from above (a cap that high is never reached); under a
+    tighter cap a full allocator releases its free segments and retries, as a card of that size would."""
+    top = allocator.CachingAllocator()
+    settled = allocator.replay_steps(events, steady, top)
+    best, lo, hi = top, failed, max(top.peak_reserved, failed + NEED_RESOLUTION)
+    while hi - lo > NEED_RESOLUTION:
+        mid = (lo + hi) // 2
+        a = allocator.CachingAllocator(cap=mid)
+        try:
+            ok = allocator.replay_steps(events, steady, a)
+        except allocator.AllocatorOOM:
+            lo = mid
+            continue
+        best, settled, hi = a, ok, mid
+    return best, settled
 
 
 __all__ = ["estimate", "simulated_step", "Breakdown", "EstimateError", "METHODS", "ADVICE"]

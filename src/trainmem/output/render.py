@@ -251,6 +251,12 @@ def print_max_batch(a: dict[str, Any], target: int | None, console: Console | No
     console.print(f"Largest micro-batch for {escape(a['model'])} on the {escape(a['gpu'])}: [bold]{a['batch']}[/bold], "
                   f"{how}.",
                   highlight=False)
+    gaps = a.get("not_monotone") or []
+    if gaps:
+        below = ", ".join(str(g) for g in gaps)
+        console.print(f"Memory is not monotone in batch here: {below} {'does' if len(gaps) == 1 else 'do'} not fit while "
+                      f"{a['batch']} does (the allocator's block layout at those sizes; `trainmem estimate` says the "
+                      "same at each).", highlight=False)
     console.print(f"A power-of-two search (1, 2, 4, ...) would take {a['power_of_two_trials']} real runs and find "
                   f"{a['power_of_two']}.", highlight=False)
     if target:

@@ -153,6 +153,30 @@ def settle(fits: Callable[[int], bool], start: int, limit: int = LIMIT) -> int:
     return _bisect(fits, lo, hi)
 
 
+MISSES = 3
+"""Batches in a row above the largest fitting one that must miss before the search stops: near the card's capacity
+memory is not monotone in batch (the allocator's block layout: polyglot-ko-1.3b in fp16 on a T4 is `tight` at
+batch 5 and 7, `fits` at 6 and 8), so one miss is not the end."""
+
+
+def scan(level: Callable[[int], str], found: int, misses: int = MISSES, limit: int = LIMIT) -> tuple[int, list[int]]:
+    """The largest batch that fits, checked upward from `found` (what a monotone search found) until `misses`
+    batches in a row do not fit or one needs more than the card (`level` says `no`): that batch, and the
+    batches below it that do not fit (empty where memory is monotone up to it)."""
+    best, gaps, b, run = found, [], found + 1, 0
+    while run < misses and b <= limit:
+        at = level(b)
+        if at == "fits":
+            gaps += list(range(best + 1, b))
+            best, run = b, 0
+        elif at == "no":
+            break
+        else:
+            run += 1
+        b += 1
+    return best, gaps
+
+
 def power_of_two(fits: Callable[[int], bool], limit: int = LIMIT) -> tuple[int, int]:
     """What the usual manual search finds and costs: try 1, 2, 4, ... until one fails.
     Returns (the largest power of two that fits or 0, the number of trials)."""
@@ -267,8 +291,16 @@ def max_batch(spec: ModelSpec, setup: TrainSetup, margin: float = 0.02, target: 
     card = find_gpu(setup.gpu)  # type: ignore[arg-type]
     # accumulation keeps the gradients resident between micro-batches, so search with it when it will be used
     searched = setup.replace(grad_accum=2) if target else setup
+    levels: dict[tuple[str, int], str] = {}
+
+    def level(method: str, b: int) -> str:
+        """The estimate's verdict at batch b: the same call, and so the same answer, as `trainmem estimate`."""
+        if (method, b) not in levels:
+            levels[method, b] = estimate(spec, searched.replace(batch_size=b), method).verdict(card, margin)["level"]
+        return levels[method, b]
+
     def fits(method: str) -> Oracle:
-        return Oracle(lambda b: estimate(spec, searched.replace(batch_size=b), method).fits(card, margin))
+        return Oracle(lambda b: level(method, b) == "fits")
 
     predicted_by = fits("analytic" if estimator == "auto" else estimator)
     with status(f"searching the estimate of {spec.name} on {card.name}..."):
@@ -277,9 +309,13 @@ def max_batch(spec: ModelSpec, setup: TrainSetup, margin: float = 0.02, target: 
     if simulated is not None:
         with status(f"settling batch {predicted} with the simulate method..."):
             predicted = settle(simulated, predicted)
+    final = "simulate" if simulated is not None else estimator
+    with status(f"checking the batches above {predicted} (near the card memory is not monotone in batch)..."):
+        predicted, gaps = scan(lambda b: level(final, b), predicted) if predicted else (predicted, [])
     real = torch.cuda.is_available() and setup.device != "cpu"
     answer: dict[str, Any] = {"model": spec.name, "gpu": card.name, "margin": margin, "predicted": predicted,
-                              "estimates": predicted_by.trials, "simulations": simulated.trials if simulated else 0,
+                              "estimates": sum(m == "analytic" for m, _ in levels),
+                              "simulations": sum(m == "simulate" for m, _ in levels), "not_monotone": gaps,
                               "method": "simulate" if simulated is not None else estimator, "confirmed": real}
     if real:
         runs, notes = _real_runs(spec, searched, card, margin)
@@ -298,5 +334,5 @@ def max_batch(spec: ModelSpec, setup: TrainSetup, margin: float = 0.02, target: 
     return answer
 
 
-__all__ = ["Oracle", "Measured", "largest", "settle", "newton", "power_of_two", "accumulation_for", "max_batch", "problems",
+__all__ = ["Oracle", "Measured", "largest", "settle", "scan", "MISSES", "newton", "power_of_two", "accumulation_for", "max_batch", "problems",
            "RunFailed", "LIMIT", "RELAX"]
