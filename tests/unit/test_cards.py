@@ -30,6 +30,24 @@ def test_bf16_and_sdpa_kernels_per_architecture():
     assert h200.bf16 and h200.flash and CATALOG["RTX-5090"].flash  # sm120 is inside flash's [sm80, sm121]
 
 
+def test_blackwell_compute_capabilities_get_blackwells_runtime():
+    """sm100 (B200), sm103 (B300) and sm120 (RTX 50xx, RTX PRO 6000): flash inside PyTorch's [sm80, sm121], bf16,
+    torch 2.11's default cuBLAS workspace (32 MiB is sm90's alone there), and their own threads per SM."""
+    from trainmem.hardware import cuda
+    from trainmem.hardware.gpus import GPU
+
+    for sm in ((10, 0), (10, 3), (12, 0), (12, 1)):
+        card = GPU("x", 100 * GiB, sm=sm)
+        assert (card.architecture, card.bf16, card.flash) == ("Blackwell", True, True), sm
+        assert cuda.workspace_config(sm) == ":4096:2:16:8" and card.cublas_workspace == 8_519_680, sm
+    assert not cuda.has_flash((13, 0)) and GPU("x", GiB, sm=(13, 0)).architecture == (
+        "an architecture this catalog does not name")
+    assert cuda.workspace_config((9, 0)) == ":4096:8"
+    # 263 MiB of the H200's context + SMs x threads per SM x 1 KiB of stack + 224 MiB of kernels
+    assert derived_context((10, 0), 148) == derived_context((10, 3), 148) == 275_578_880 + 148 * 2048 * 1024 + 235_077_632
+    assert derived_context((12, 0), 188) == 275_578_880 + 188 * 1536 * 1024 + 235_077_632 == 806_354_944
+
+
 def test_context_measured_on_the_h200_derived_elsewhere():
     h200, t4 = CATALOG["H200"], CATALOG["T4"]
     assert h200.measured and h200.context == 751 * MiB

@@ -22,7 +22,9 @@ from .cuda import H200_OVERHEAD, THREADS_PER_SM, derived_context
 
 MiB, GiB = 1024**2, 1024**3
 
-ARCHITECTURES = {7: "Volta", 8: "Ampere", 9: "Hopper", 12: "Blackwell"}
+ARCHITECTURES = {7: "Volta", 8: "Ampere", 9: "Hopper", 10: "Blackwell", 11: "Blackwell", 12: "Blackwell"}
+"""Architecture by compute-capability major: Blackwell is sm100/sm103 in the data center (B200, B300), sm110
+(Thor) and sm120/sm121 in workstations and GeForce (RTX PRO 6000, RTX 50xx; DGX Spark)."""
 
 _DEFAULT_CAPACITY_SOURCE = "total capacity in PyTorch OOM messages reported by users of this card (link not recorded)"
 
@@ -57,7 +59,9 @@ class GPU:
     @property
     def architecture(self) -> str:
         """The architecture's name for the compute capability (Turing, Ampere, Hopper, ...), for messages."""
-        return "Turing" if self.sm == (7, 5) else "Ada" if self.sm == (8, 9) else ARCHITECTURES[self.sm[0]]
+        if self.sm in ((7, 5), (8, 9)):
+            return "Turing" if self.sm == (7, 5) else "Ada"
+        return ARCHITECTURES.get(self.sm[0], "an architecture this catalog does not name")
 
     @property
     def bf16(self) -> bool:
