@@ -73,6 +73,9 @@ def test_every_figure_has_a_source():
     ("h100", "H100-80GB"), ("l4", "L4"), ("Tesla T4", "T4"), ("t4", "T4"), ("A100_80GB", "A100-80GB"),
     ("NVIDIA A100-SXM4-40GB", "A100-40GB"), ("3060", "RTX-3060-12GB"), ("rtx a6000", "A6000"), ("l40s", "L40S"),
     ("5090", "RTX-5090"), ("a4000", "A4000"), ("NVIDIA H200", "H200"), ("NVIDIA H100 80GB HBM3", "H100-80GB"),
+    # a memory size however it is written: 80G, 80GB, 80 GiB
+    ("A100-80G", "A100-80GB"), ("a100 80gb", "A100-80GB"), ("A100 80 GiB", "A100-80GB"), ("a100_40g", "A100-40GB"),
+    ("Tesla V100 32G", "V100-32GB"), ("RTX 3060 12G", "RTX-3060-12GB"), ("NVIDIA H100 80G HBM3", "H100-80GB"),
 ])
 def test_cards_as_users_name_them(name, card):
     assert find_gpu(name) is CATALOG[card]
@@ -85,6 +88,23 @@ def test_ambiguous_and_unknown_names():
     assert "V100-16GB or V100-32GB" in gpu_problem("v100")
     unknown = gpu_problem("T5")
     assert unknown.startswith("--gpu: unknown card 'T5'; known: T4, V100-16GB") and "RTX-5090" in unknown
+    assert "\n" not in unknown
+
+
+@pytest.mark.parametrize("name,suggested", [
+    ("3090ti", "RTX-3090"), ("RTX 3090 Ti", "RTX-3090"), ("NVIDIA GeForce RTX 3090 Ti", "RTX-3090"),
+    ("h100 sxm5", "H100-80GB"), ("rtx 4090 d", "RTX-4090"), ("4070", "RTX-4080 or RTX-4090"),
+])
+def test_a_near_miss_asks_did_you_mean_instead_of_listing_the_catalog(name, suggested):
+    """A name close to a catalog name (difflib) is not taken for that card: the one-line error names it."""
+    assert find_gpu(name) is None
+    assert gpu_problem(name) == (f"--gpu: unknown card {name!r}; did you mean {suggested}? "
+                                 "(or cap by bytes with --memory-cap)")
+
+
+def test_names_far_from_every_card_still_list_the_catalog():
+    for name in ("T5", "", "[bold]T4", "MI300X"):
+        assert f"; known: {', '.join(CATALOG)} (" in gpu_problem(name), name
 
 
 def test_bf16_on_a_card_without_it_is_a_setup_problem_reported_with_the_others():

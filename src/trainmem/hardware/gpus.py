@@ -14,6 +14,7 @@ smaller card's OOM, and makes `estimate` model that card's kernels and workspace
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 
@@ -151,16 +152,19 @@ CATALOG: dict[str, GPU] = {g.name: g for g in [
         "loaded during the first step (docs/lab/estimate-validation.md)", measured=True),
 ]}
 
-AMBIGUOUS = {"a100": ("A100-40GB", "A100-80GB"), "v100": ("V100-16GB", "V100-32GB")}
-"""Names that fit several cards: the lookup asks which."""
+_SIZES = "comes with different memory sizes"
+AMBIGUOUS: dict[str, tuple[tuple[str, ...], str]] = {
+    "a100": (("A100-40GB", "A100-80GB"), _SIZES), "v100": (("V100-16GB", "V100-32GB"), _SIZES)}
+"""Names (as `_key` writes them) that fit several cards, with the cards and why: the lookup asks which."""
 
 
 def _key(name: str) -> str:
-    """Case and punctuation dropped, and the vendor words users add or leave out."""
+    """Case and punctuation dropped, the vendor words users add or leave out, and a memory size written the one
+    way (`80G`, `80GB`, `80 GiB`: `80g`)."""
     k = re.sub(r"[^a-z0-9]", "", name.lower())
     for word in ("nvidia", "geforce", "tesla", "quadro"):
         k = k.replace(word, "")
-    return k
+    return re.sub(r"(?<=\d)gi?b", "g", k)
 
 
 def _index() -> dict[str, GPU]:
@@ -182,13 +186,40 @@ def find_gpu(name: str) -> GPU | None:
     return _INDEX.get(_key(name))
 
 
+NEAR = 0.75
+"""How alike (difflib's ratio of the two names as `_key` writes them) an unknown name and a catalog name must be
+for the error to ask "did you mean" that card instead of listing the catalog."""
+
+
+def near_cards(name: str) -> list[str]:
+    """The catalog cards whose names (or other names) `name` is a near miss of, best first, at most three: those
+    within 0.05 of the best ratio at or above `NEAR` (`3090ti` -> RTX-3090, `H100 PCI` -> H100-PCIe)."""
+    key = _key(name)
+    best: dict[str, float] = {}
+    for k, gpu in _INDEX.items():
+        ratio = difflib.SequenceMatcher(None, key, k).ratio() if key else 0.0
+        if ratio >= NEAR:
+            best[gpu.name] = max(ratio, best.get(gpu.name, 0.0))
+    if not best:
+        return []
+    order = list(CATALOG)
+    top = max(best.values())
+    near = sorted((n for n, r in best.items() if r >= top - 0.05),
+                  key=lambda n: (-best[n], order.index(n) if n in order else len(order)))
+    return near[:3]
+
+
 def gpu_problem(name: str) -> str | None:
-    """Why `name` names no card (ambiguous or unknown, with what to pass instead); None when it does."""
+    """Why `name` names no card, in one line: ambiguous (with the cards it could be), a near miss ("did you mean"
+    the closest card or cards), or unknown (with the catalog); None when it names one."""
     if find_gpu(name) is not None:
         return None
     if _key(name) in AMBIGUOUS:
-        options = AMBIGUOUS[_key(name)]
-        return f"--gpu: {name!r} comes with different memory sizes: pass {' or '.join(options)}"
+        options, why = AMBIGUOUS[_key(name)]
+        return f"--gpu: {name!r} {why}: pass {' or '.join(options)}"
+    near = near_cards(name)
+    if near:
+        return f"--gpu: unknown card {name!r}; did you mean {' or '.join(near)}? (or cap by bytes with --memory-cap)"
     return f"--gpu: unknown card {name!r}; known: {', '.join(CATALOG)} (or cap by bytes with --memory-cap)"
 
 
