@@ -323,6 +323,8 @@ REFUSED = [
     ("gpu-empty", ["estimate", *TINY, "--gpu", "", *FAST], "--gpu: unknown card ''"),
     ("gpu-bracketed", ["estimate", *TINY, "--gpu", "[bold]T4", *FAST], "--gpu: unknown card '[bold]T4'"),
     ("gpu-ambiguous", ["estimate", *TINY, "--gpu", "A100", *FAST], "--gpu: 'A100' comes with different memory sizes"),
+    ("gpu-near-miss", ["estimate", *TINY, "--gpu", "3090ti", *FAST],
+     "--gpu: unknown card '3090ti'; did you mean RTX-3090? (or cap by bytes with --memory-cap)"),
     ("peft-unknown", ["estimate", *TINY, "--peft", "adapter", *FAST], "--peft: 'adapter' is not one of none, lora, qlora"),
     ("precision-unknown", ["estimate", *TINY, "--precision", "fp8", *FAST], "--precision: 'fp8' is not one of"),
     ("optimizer-unknown", ["estimate", *TINY, "--optimizer", "lion", *FAST], "--optimizer: 'lion' is not one of"),

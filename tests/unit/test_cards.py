@@ -30,6 +30,25 @@ def test_bf16_and_sdpa_kernels_per_architecture():
     assert h200.bf16 and h200.flash and CATALOG["RTX-5090"].flash  # sm120 is inside flash's [sm80, sm121]
 
 
+def test_blackwell_compute_capabilities_get_blackwells_runtime():
+    """sm100 (B200), sm103 (B300) and sm120 (RTX 50xx, RTX PRO 6000): flash inside PyTorch's [sm80, sm121], bf16,
+    torch 2.11's default cuBLAS workspace (32 MiB is sm90's alone there), and their own threads per SM."""
+    from trainmem.hardware import cuda
+    from trainmem.hardware.gpus import GPU
+
+    for sm in ((10, 0), (10, 3), (12, 0), (12, 1)):
+        card = GPU("x", 100 * GiB, sm=sm)
+        assert (card.architecture, card.bf16, card.flash) == ("Blackwell", True, True), sm
+        assert cuda.workspace_config(sm) == ":4096:2:16:8" and card.cublas_workspace == 8_519_680, sm
+    assert not cuda.has_flash((13, 0)) and GPU("x", GiB, sm=(13, 0)).architecture == (
+        "an architecture this catalog does not name")
+    assert cuda.workspace_config((9, 0)) == ":4096:8"
+    # 263 MiB of the H200's context + SMs x threads per SM x 1 KiB of stack + 224 MiB of kernels
+    assert derived_context((10, 0), 148) == derived_context((10, 3), 148) == (
+        275_578_880 + 148 * 2048 * 1024 + 235_077_632)
+    assert derived_context((12, 0), 188) == 275_578_880 + 188 * 1536 * 1024 + 235_077_632 == 806_354_944
+
+
 def test_context_measured_on_the_h200_derived_elsewhere():
     h200, t4 = CATALOG["H200"], CATALOG["T4"]
     assert h200.measured and h200.context == 751 * MiB
@@ -50,11 +69,66 @@ def test_every_figure_has_a_source():
     assert "derived from the H200" in CATALOG["T4"].sources()["context"]
 
 
+# name: (capacity in bytes, compute capability, SMs, a piece of the capacity's source, dense half TFLOPS, GB/s)
+NEW_CARDS = {
+    "RTX-5080": (int(15.47 * GiB), (12, 0), 84, "15.47 GiB", 112.6, 960),
+    "RTX-6000-Ada": (int(44.43 * GiB), (8, 9), 142, "github.com/DINGYANB/MTVCrafter/issues/21", 364.2, 960),
+    "RTX-PRO-6000": (int(94.97 * GiB), (12, 0), 188, "github.com/antirez/ds4/issues/431", 503.8, 1792),
+    "L40": (int(44.40 * GiB), (8, 9), 142, "github.com/QwenLM/Qwen3-VL/issues/2097", 181.05, 864),
+    "H100-PCIe": (int(79.11 * GiB), (9, 0), 114, "taken as the H100-80GB's", 756.5, 2000),
+    "H100-NVL": (int(93.00 * GiB), (9, 0), 132, "github.com/ali-vilab/VACE/issues/56", 835.5, 3900),
+    "H200-NVL": (150_109_880_320, (9, 0), 132, "taken as the H200's measured", 835.5, 4800),
+    "B200": (int(178.35 * GiB), (10, 0), 148, "178.35 GiB", 2250, 8000),
+    "B300": (int(267.69 * GiB), (10, 3), 148, "267.69 GiB", 2250, 8000),
+}
+
+
+@pytest.mark.parametrize("name", NEW_CARDS)
+def test_the_cards_of_2026(name):
+    """Each new card's figures, its sources, and its runtime computed from its compute capability and SMs."""
+    from trainmem.hardware.gpus import SPEEDS
+
+    capacity, sm, sms, source, half, bandwidth = NEW_CARDS[name]
+    card = CATALOG[name]
+    assert (card.capacity, card.sm, card.sms) == (capacity, sm, sms)
+    assert source in card.source and all(card.sources().values()) and not card.measured
+    assert card.context == derived_context(sm, sms) and "derived from the H200" in card.context_source
+    assert card.flash and card.bf16
+    assert card.cublas_workspace == (33_554_432 if sm == (9, 0) else 8_519_680)
+    speed = SPEEDS[name]
+    assert (speed.half_tflops, speed.bandwidth_gbs) == (half, bandwidth) and speed.source.startswith("NVIDIA")
+
+
+def test_runtime_figures_of_the_new_cards_are_computed():
+    b200, pro, h100_pcie = CATALOG["B200"], CATALOG["RTX-PRO-6000"], CATALOG["H100-PCIe"]
+    # 263 MiB of the H200's context + SMs x threads per SM x 1 KiB of stack + 224 MiB of kernels
+    assert b200.context == 275_578_880 + 148 * 2048 * 1024 + 235_077_632 == 821_035_008
+    assert pro.context == 806_354_944 and h100_pcie.context == 275_578_880 + 114 * 2048 * 1024 + 235_077_632
+    assert CATALOG["H200-NVL"].context == CATALOG["H200"].context == 751 * MiB  # 132 SMs on sm90: the H200's
+    assert (b200.architecture, CATALOG["B300"].architecture, pro.architecture) == ("Blackwell",) * 3
+    assert CATALOG["RTX-6000-Ada"].architecture == CATALOG["L40"].architecture == "Ada"
+    assert "multiProcessorCount" in b200.sources()["compute capability"]
+
+
 @pytest.mark.parametrize("name,card", [
     ("4090", "RTX-4090"), ("rtx4090", "RTX-4090"), ("RTX-4090", "RTX-4090"), ("NVIDIA GeForce RTX 4090", "RTX-4090"),
     ("h100", "H100-80GB"), ("l4", "L4"), ("Tesla T4", "T4"), ("t4", "T4"), ("A100_80GB", "A100-80GB"),
     ("NVIDIA A100-SXM4-40GB", "A100-40GB"), ("3060", "RTX-3060-12GB"), ("rtx a6000", "A6000"), ("l40s", "L40S"),
     ("5090", "RTX-5090"), ("a4000", "A4000"), ("NVIDIA H200", "H200"), ("NVIDIA H100 80GB HBM3", "H100-80GB"),
+    # a memory size however it is written: 80G, 80GB, 80 GiB
+    ("A100-80G", "A100-80GB"), ("a100 80gb", "A100-80GB"), ("A100 80 GiB", "A100-80GB"), ("a100_40g", "A100-40GB"),
+    ("Tesla V100 32G", "V100-32GB"), ("RTX 3060 12G", "RTX-3060-12GB"), ("NVIDIA H100 80G HBM3", "H100-80GB"),
+    # the cards of 2026, and the names torch.cuda gives them
+    ("H100 PCIe", "H100-PCIe"), ("h100-pcie", "H100-PCIe"), ("NVIDIA H100 PCIe", "H100-PCIe"),
+    ("H100-PCIE-80GB", "H100-PCIe"), ("H100 NVL", "H100-NVL"), ("nvidia h100 nvl 94g", "H100-NVL"),
+    ("NVIDIA H200 NVL", "H200-NVL"), ("h200nvl", "H200-NVL"), ("l40", "L40"), ("NVIDIA L40", "L40"),
+    ("NVIDIA L40S", "L40S"), ("rtx pro 6000", "RTX-PRO-6000"), ("RTX PRO 6000 Blackwell", "RTX-PRO-6000"),
+    ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "RTX-PRO-6000"),
+    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "RTX-PRO-6000"), ("6000 ada", "RTX-6000-Ada"),
+    ("RTX 6000 Ada", "RTX-6000-Ada"), ("NVIDIA RTX 6000 Ada Generation", "RTX-6000-Ada"), ("5080", "RTX-5080"),
+    ("rtx5080", "RTX-5080"), ("NVIDIA GeForce RTX 5080", "RTX-5080"), ("NVIDIA GeForce RTX 5090", "RTX-5090"),
+    ("NVIDIA B200", "B200"), ("b200", "B200"), ("NVIDIA B300 SXM6 AC", "B300"), ("B300", "B300"),
+    ("NVIDIA H100", "H100-80GB"),  # an H100 said without its form factor is the SXM card, as before
 ])
 def test_cards_as_users_name_them(name, card):
     assert find_gpu(name) is CATALOG[card]
@@ -67,6 +141,34 @@ def test_ambiguous_and_unknown_names():
     assert "V100-16GB or V100-32GB" in gpu_problem("v100")
     unknown = gpu_problem("T5")
     assert unknown.startswith("--gpu: unknown card 'T5'; known: T4, V100-16GB") and "RTX-5090" in unknown
+    assert "\n" not in unknown
+
+
+@pytest.mark.parametrize("name,suggested", [
+    ("3090ti", "RTX-3090"), ("RTX 3090 Ti", "RTX-3090"), ("NVIDIA GeForce RTX 3090 Ti", "RTX-3090"),
+    ("h100 sxm5", "H100-80GB"), ("rtx 4090 d", "RTX-4090"), ("4070", "RTX-4080 or RTX-4090"),
+    ("H100 PCI", "H100-PCIe"), ("H200 NV", "H200-NVL"), ("5070", "RTX-5080 or RTX-5090"),
+    # the 300 W Max-Q runs slower than the 600 W card the record's speeds are: asked, not matched
+    ("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", "RTX-PRO-6000"),
+])
+def test_a_near_miss_asks_did_you_mean_instead_of_listing_the_catalog(name, suggested):
+    """A name close to a catalog name (difflib) is not taken for that card: the one-line error names it."""
+    assert find_gpu(name) is None
+    assert gpu_problem(name) == (f"--gpu: unknown card {name!r}; did you mean {suggested}? "
+                                 "(or cap by bytes with --memory-cap)")
+
+
+def test_a_6000_alone_names_several_cards():
+    for name in ("6000", "RTX 6000", "Quadro RTX 6000"):
+        assert find_gpu(name) is None
+        assert gpu_problem(name) == (
+            f"--gpu: {name!r} names several cards (the Turing Quadro RTX 6000 is not in the catalog: cap it with "
+            "--memory-cap): pass RTX-6000-Ada or RTX-PRO-6000 or A6000")
+
+
+def test_names_far_from_every_card_still_list_the_catalog():
+    for name in ("T5", "", "[bold]T4", "MI300X"):
+        assert f"; known: {', '.join(CATALOG)} (" in gpu_problem(name), name
 
 
 def test_bf16_on_a_card_without_it_is_a_setup_problem_reported_with_the_others():

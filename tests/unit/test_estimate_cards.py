@@ -64,8 +64,10 @@ def test_every_card_equals_estimate_with_that_card(chapter_spec, label):
 def test_the_chapter_groups_are_the_runtimes_of_the_catalog(chapter_spec):
     got = [[c.name for c in g] for g in groups(chapter_spec, CHAPTER["batch 16"])]
     assert got[0] == ["T4", "V100-16GB", "V100-32GB"]  # 8 MiB cuBLAS workspace, no flash before sm80
-    assert got[2] == ["H100-80GB", "H200"]  # Hopper: 32 MiB workspace
+    assert got[2] == ["H100-PCIe", "H100-80GB", "H100-NVL", "H200", "H200-NVL"]  # Hopper: 32 MiB workspace
     assert len(got) == 3 and "A100-40GB" in got[1] and "RTX-4090" in got[1]
+    # Blackwell (sm100, sm103, sm120): flash and, as torch 2.11 has it, the 8 MiB + 128 KiB workspace
+    assert {"B200", "B300", "RTX-5080", "RTX-5090", "RTX-PRO-6000"} <= set(got[1])
 
 
 @pytest.mark.parametrize("fields", [dict(peft="qlora", checkpointing=True, precision="fp16"),

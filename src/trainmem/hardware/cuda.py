@@ -30,7 +30,9 @@ SDPA_SOURCE = ("pytorch/pytorch aten/src/ATen/native/transformers/cuda/sdp_utils
 
 
 def has_flash(sm: tuple[int, int]) -> bool:
-    """PyTorch's flash-attention SDPA kernel runs on this compute capability (sm80 to sm121, `SDPA_SOURCE`)."""
+    """PyTorch's flash-attention SDPA kernel runs on this compute capability (sm80 to sm121, `SDPA_SOURCE`):
+    Blackwell's sm100 (B200), sm103 (B300) and sm120 (RTX 50xx, RTX PRO 6000) included, since sdp_utils.cpp
+    compares major, then minor, as tuples compare here."""
     return (8, 0) <= sm <= (12, 1)
 
 
@@ -62,7 +64,8 @@ def sdpa_backends(flash: bool) -> contextlib.AbstractContextManager[Any]:
 
 # --- cuBLAS workspaces ------------------------------------------------------------------------------------
 CUBLAS_SOURCE = ("pytorch/pytorch aten/src/ATen/cuda/CublasHandlePool.cpp (commit 26a39059), "
-                 "parseChosenWorkspaceSize: ':4096:2:16:8 default, 32MiB for Hopper' (major == 9 and minor == 0)")
+                 "parseChosenWorkspaceSize: ':4096:2:16:8 default, 32MiB for Hopper' (major == 9 and minor == 0), "
+                 "as torch 2.11 has it; from torch 2.12 (pytorch/pytorch#175344) majors 9, 10 and 12 get 32 MiB")
 CUBLAS_HANDLES = 2
 """Handles that allocate a workspace in a training step: the forward thread's and autograd's backward
 thread's, each one caching-allocator block in its own segment, held from its first matrix product on (the gap
@@ -72,7 +75,10 @@ in every full run on the H200, docs/lab)."""
 
 def workspace_config(sm: tuple[int, int]) -> str:
     """PyTorch's default `CUBLAS_WORKSPACE_CONFIG` for a compute capability (`CUBLAS_SOURCE`): ":4096:8"
-    (32 MiB) on sm90, ":4096:2:16:8" (8 MiB + 128 KiB) on every other architecture."""
+    (32 MiB) on sm90, ":4096:2:16:8" (8 MiB + 128 KiB) on every other architecture, Blackwell's sm100, sm103
+    and sm120 included. That is torch 2.11's rule, the release the memory model was measured on
+    (`runtime.VALIDATED_ON`); torch 2.12 and later give sm10x and sm12x 32 MiB too (pytorch/pytorch#175344, merged
+    after 2.11's branch cut), two handles x about 24 MiB more than modelled here on a Blackwell card."""
     return ":4096:8" if sm == (9, 0) else ":4096:2:16:8"
 
 
@@ -108,7 +114,7 @@ local memory for it as max resident threads per SM x SMs x per-thread local memo
 (https://forums.developer.nvidia.com/t/local-memory-management/289339/9)."""
 
 THREADS_PER_SM = {(7, 0): 2048, (7, 5): 1024, (8, 0): 2048, (8, 6): 1536, (8, 9): 1536, (9, 0): 2048,
-                  (12, 0): 1536}
+                  (10, 0): 2048, (10, 3): 2048, (12, 0): 1536}
 """Maximum resident threads per SM, CUDA C++ Programming Guide, "Features and Technical Specifications"."""
 
 

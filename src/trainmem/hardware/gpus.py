@@ -14,6 +14,7 @@ smaller card's OOM, and makes `estimate` model that card's kernels and workspace
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 
@@ -22,7 +23,9 @@ from .cuda import H200_OVERHEAD, THREADS_PER_SM, derived_context
 
 MiB, GiB = 1024**2, 1024**3
 
-ARCHITECTURES = {7: "Volta", 8: "Ampere", 9: "Hopper", 12: "Blackwell"}
+ARCHITECTURES = {7: "Volta", 8: "Ampere", 9: "Hopper", 10: "Blackwell", 11: "Blackwell", 12: "Blackwell"}
+"""Architecture by compute-capability major: Blackwell is sm100/sm103 in the data center (B200, B300), sm110
+(Thor) and sm120/sm121 in workstations and GeForce (RTX PRO 6000, RTX 50xx; DGX Spark)."""
 
 _DEFAULT_CAPACITY_SOURCE = "total capacity in PyTorch OOM messages reported by users of this card (link not recorded)"
 
@@ -48,6 +51,8 @@ class GPU:
     context_source: str = "estimate (0.4 GiB)"
     measured: bool = False
     """The runtime figures were measured on this card (else derived from the H200's)."""
+    sms_source: str = "NVIDIA datasheet"
+    """Where `sm` and `sms` come from."""
 
     def budget(self, margin: float) -> int:
         """Bytes a run may need on this card (peak reserved + context) and still count as fitting,
@@ -57,7 +62,9 @@ class GPU:
     @property
     def architecture(self) -> str:
         """The architecture's name for the compute capability (Turing, Ampere, Hopper, ...), for messages."""
-        return "Turing" if self.sm == (7, 5) else "Ada" if self.sm == (8, 9) else ARCHITECTURES[self.sm[0]]
+        if self.sm in ((7, 5), (8, 9)):
+            return "Turing" if self.sm == (7, 5) else "Ada"
+        return ARCHITECTURES.get(self.sm[0], "an architecture this catalog does not name")
 
     @property
     def bf16(self) -> bool:
@@ -90,7 +97,7 @@ class GPU:
     def sources(self) -> dict[str, str]:
         """Each figure of this record and where it comes from."""
         return {"capacity": self.source, "context": self.context_source,
-                "compute capability": f"sm{self.sm[0]}{self.sm[1]}, {self.sms} SMs (NVIDIA datasheet)",
+                "compute capability": f"sm{self.sm[0]}{self.sm[1]}, {self.sms} SMs ({self.sms_source})",
                 "cuBLAS workspace": cuda.CUBLAS_SOURCE, "SDPA kernels": cuda.SDPA_SOURCE,
                 "bf16": "native from sm80 (Ampere); sm70/sm75 have no bf16 tensor cores"}
 
@@ -100,14 +107,23 @@ def _gib(x: float) -> int:
 
 
 def _card(name: str, capacity: int, sm: tuple[int, int], sms: int, source: str = _DEFAULT_CAPACITY_SOURCE,
-          aliases: tuple[str, ...] = ()) -> GPU:
+          aliases: tuple[str, ...] = (), sms_source: str = "NVIDIA datasheet") -> GPU:
     return GPU(name, capacity, derived_context(sm, sms), source, sm, sms, aliases,
                context_source=f"derived from the H200 measurement for {sms} SMs x {THREADS_PER_SM[sm]} threads "
-                              "(see gpus.derived_context); not measured on this card")
+                              "(see gpus.derived_context); not measured on this card", sms_source=sms_source)
 
 
 def _oom(url: str, text: str) -> str:
     return f"PyTorch OOM message '{text}', {url}"
+
+
+def _unlinked(text: str, where: str) -> str:
+    return f"PyTorch OOM message '{text}' in {where} (link not recorded)"
+
+
+_H200_BYTES = 150_109_880_320
+"""The H200's total_memory, measured (docs/lab/run-chapter-h200.md)."""
+_BLACKWELL_SMS = "cudaDeviceProp.multiProcessorCount users report; NVIDIA's datasheets give no SM count"
 
 
 CATALOG: dict[str, GPU] = {g.name: g for g in [
@@ -126,6 +142,9 @@ CATALOG: dict[str, GPU] = {g.name: g for g in [
     _card("RTX-4090", _gib(23.64), (8, 9), 128,
           _oom("https://github.com/ali-vilab/VGen/issues/104", "total capacity of 23.64 GiB"),
           aliases=("4090", "GeForce RTX 4090")),
+    _card("RTX-5080", _gib(15.47), (12, 0), 84,
+          _unlinked("GPU 0 has a total capacity of 15.47 GiB", "a public vLLM speculative-decoding log on an RTX 5080"),
+          aliases=("5080", "GeForce RTX 5080"), sms_source="NVIDIA RTX Blackwell GPU architecture whitepaper"),
     _card("RTX-5090", _gib(31.36), (12, 0), 170,
           _oom("https://github.com/TrajectoryCrafter/TrajectoryCrafter/issues/20", "total capacity of 31.36 GiB"),
           aliases=("5090", "GeForce RTX 5090")),
@@ -136,27 +155,67 @@ CATALOG: dict[str, GPU] = {g.name: g for g in [
           _oom("https://github.com/Magicboomliu/Accelerator-Simple-Template/issues/7", "23.67 GiB total capacity"),
           aliases=("RTX A5000",)),
     _card("A6000", _gib(47.54), (8, 6), 84, aliases=("RTX A6000",)),
+    # with ECC on (46068 MiB in nvidia-smi), as in the report; with ECC off the card has 49140 MiB, ~3 GiB more
+    _card("RTX-6000-Ada", _gib(44.43), (8, 9), 142,
+          _oom("https://github.com/DINGYANB/MTVCrafter/issues/21", "GPU 0 has a total capacity of 44.43 GiB")
+          + " (NVIDIA RTX 6000 Ada Generation, 46068 MiB in nvidia-smi: ECC on; ECC off shows 49140 MiB)",
+          aliases=("RTX 6000 Ada", "RTX 6000 Ada Generation")),
+    # the same GB202 board in the Workstation (600 W) and Server Editions; the 300 W Max-Q is left unmatched
+    _card("RTX-PRO-6000", _gib(94.97), (12, 0), 188,
+          "CUDA's total for the card, 'total=94.97 GiB' (what PyTorch's OOM message reports as total capacity) on an "
+          "RTX PRO 6000 Blackwell of 97887 MiB, https://github.com/antirez/ds4/issues/431",
+          aliases=("RTX PRO 6000", "RTX PRO 6000 Blackwell", "RTX PRO 6000 Blackwell Workstation Edition",
+                   "RTX PRO 6000 Blackwell Server Edition"),
+          sms_source="NVIDIA RTX PRO Blackwell GPU architecture whitepaper (188 of GB202's 192 SMs)"),
+    _card("L40", _gib(44.40), (8, 9), 142,
+          _oom("https://github.com/QwenLM/Qwen3-VL/issues/2097", "GPU 0 has a total capacity of 44.40 GiB")),
     _card("L40S", _gib(44.53), (8, 9), 142),
     _card("A100-40GB", _gib(39.39), (8, 0), 108, aliases=("A100 40GB", "A100-SXM4-40GB", "A100-PCIE-40GB")),
     _card("A100-80GB", _gib(79.15), (8, 0), 108, aliases=("A100 80GB", "A100-SXM4-80GB", "A100-PCIE-80GB")),
+    # the same 80 GB as the SXM card below (HBM2e): its capacity taken
+    _card("H100-PCIe", _gib(79.11), (9, 0), 114,
+          "taken as the H100-80GB's (both 80 GB; 'total capacity of 79.11 GiB'), not seen in an OOM message of an "
+          "H100 PCIe", aliases=("H100 PCIe", "H100 PCIe 80GB", "H100-PCIE-80GB"),
+          sms_source="NVIDIA H100 Tensor Core GPU architecture whitepaper: 114 SMs on the PCIe card"),
     # "NVIDIA H100 80GB HBM3": the name torch.cuda reports for the H100 SXM (seen on the one measured here)
     _card("H100-80GB", _gib(79.11), (9, 0), 132, aliases=("H100", "H100 SXM", "H100-SXM5-80GB", "H100 80GB HBM3")),
+    _card("H100-NVL", _gib(93.00), (9, 0), 132,
+          _oom("https://github.com/ali-vilab/VACE/issues/56", "GPU 0 has a total capacity of 93.00 GiB")
+          + " (a comment on an H100 NVL 94GB)", aliases=("H100 NVL", "H100 NVL 94GB")),
     # measured on the H200 used for docs/ (2026-12-02/03): total_memory, context, overhead at the peak
-    GPU("H200", 150_109_880_320, H200_OVERHEAD, "measured H200 2026-12-02, docs/lab/run-chapter-h200.md", (9, 0), 132,
+    GPU("H200", _H200_BYTES, H200_OVERHEAD, "measured H200 2026-12-02, docs/lab/run-chapter-h200.md", (9, 0), 132,
         ("H200 141GB",), context_source="measured H200 2026-12-03: 527 MiB context at start + 224 MiB kernels "
         "loaded during the first step (docs/lab/estimate-validation.md)", measured=True),
+    _card("H200-NVL", _H200_BYTES, (9, 0), 132,
+          "taken as the H200's measured total_memory (both 141 GB HBM3e), not seen on an H200 NVL",
+          aliases=("H200 NVL", "H200 NVL 141GB")),
+    _card("B200", _gib(178.35), (10, 0), 148,
+          _unlinked("GPU 0 has a total capacity of 178.35 GiB", "public logs of 8xB200 training and serving runs")
+          + " (178.36 GiB in another)", aliases=("B200 SXM", "B200 180GB"), sms_source=_BLACKWELL_SMS),
+    # "NVIDIA B300 SXM6 AC" (275040 MiB in nvidia-smi: one of 16 memory controllers fused off); a B300 with all
+    # 16 has more, so this capacity errs towards tight there
+    _card("B300", _gib(267.69), (10, 3), 148,
+          _unlinked("GPU 0 has a total capacity of 267.69 GiB", "three public training and serving logs on the "
+                    "B300 SXM6 AC (275040 MiB in nvidia-smi)"),
+          aliases=("B300 SXM6 AC", "B300 SXM", "B300 288GB"), sms_source=_BLACKWELL_SMS),
 ]}
 
-AMBIGUOUS = {"a100": ("A100-40GB", "A100-80GB"), "v100": ("V100-16GB", "V100-32GB")}
-"""Names that fit several cards: the lookup asks which."""
+_SIZES = "comes with different memory sizes"
+_SIXES = (("RTX-6000-Ada", "RTX-PRO-6000", "A6000"),
+          "names several cards (the Turing Quadro RTX 6000 is not in the catalog: cap it with --memory-cap)")
+AMBIGUOUS: dict[str, tuple[tuple[str, ...], str]] = {
+    "a100": (("A100-40GB", "A100-80GB"), _SIZES), "v100": (("V100-16GB", "V100-32GB"), _SIZES),
+    "6000": _SIXES, "rtx6000": _SIXES}
+"""Names (as `_key` writes them) that fit several cards, with the cards and why: the lookup asks which."""
 
 
 def _key(name: str) -> str:
-    """Case and punctuation dropped, and the vendor words users add or leave out."""
+    """Case and punctuation dropped, the vendor words users add or leave out, and a memory size written the one
+    way (`80G`, `80GB`, `80 GiB`: `80g`)."""
     k = re.sub(r"[^a-z0-9]", "", name.lower())
     for word in ("nvidia", "geforce", "tesla", "quadro"):
         k = k.replace(word, "")
-    return k
+    return re.sub(r"(?<=\d)gi?b", "g", k)
 
 
 def _index() -> dict[str, GPU]:
@@ -178,13 +237,40 @@ def find_gpu(name: str) -> GPU | None:
     return _INDEX.get(_key(name))
 
 
+NEAR = 0.75
+"""How alike (difflib's ratio of the two names as `_key` writes them) an unknown name and a catalog name must be
+for the error to ask "did you mean" that card instead of listing the catalog."""
+
+
+def near_cards(name: str) -> list[str]:
+    """The catalog cards whose names (or other names) `name` is a near miss of, best first, at most three: those
+    within 0.05 of the best ratio at or above `NEAR` (`3090ti` -> RTX-3090, `H100 PCI` -> H100-PCIe)."""
+    key = _key(name)
+    best: dict[str, float] = {}
+    for k, gpu in _INDEX.items():
+        ratio = difflib.SequenceMatcher(None, key, k).ratio() if key else 0.0
+        if ratio >= NEAR:
+            best[gpu.name] = max(ratio, best.get(gpu.name, 0.0))
+    if not best:
+        return []
+    order = list(CATALOG)
+    top = max(best.values())
+    near = sorted((n for n, r in best.items() if r >= top - 0.05),
+                  key=lambda n: (-best[n], order.index(n) if n in order else len(order)))
+    return near[:3]
+
+
 def gpu_problem(name: str) -> str | None:
-    """Why `name` names no card (ambiguous or unknown, with what to pass instead); None when it does."""
+    """Why `name` names no card, in one line: ambiguous (with the cards it could be), a near miss ("did you mean"
+    the closest card or cards), or unknown (with the catalog); None when it names one."""
     if find_gpu(name) is not None:
         return None
     if _key(name) in AMBIGUOUS:
-        options = AMBIGUOUS[_key(name)]
-        return f"--gpu: {name!r} comes with different memory sizes: pass {' or '.join(options)}"
+        options, why = AMBIGUOUS[_key(name)]
+        return f"--gpu: {name!r} {why}: pass {' or '.join(options)}"
+    near = near_cards(name)
+    if near:
+        return f"--gpu: unknown card {name!r}; did you mean {' or '.join(near)}? (or cap by bytes with --memory-cap)"
     return f"--gpu: unknown card {name!r}; known: {', '.join(CATALOG)} (or cap by bytes with --memory-cap)"
 
 
@@ -262,6 +348,9 @@ SPEEDS: dict[str, Speed] = {
                       _ADA_WP + ": RTX 4080 FP16 tensor with FP32 accumulate 97.5 dense, FP32 48.7, 716.8 GB/s"),
     "RTX-4090": Speed(165.2, 82.6, 82.6, 1008, 32,
                       _ADA_WP + ": RTX 4090 FP16 tensor with FP32 accumulate 165.2 dense, FP32 82.6, 1008 GB/s"),
+    "RTX-5080": Speed(112.6, 56.3, 56.3, 960, 64,
+                      "NVIDIA RTX Blackwell GPU architecture whitepaper v1.0 (2025): RTX 5080 FP16 tensor with FP32 "
+                      "accumulate 112.6 dense, FP32 56.3, 960 GB/s, PCIe 5.0"),
     "RTX-5090": Speed(209.5, 104.8, 104.8, 1792, 64,
                       "NVIDIA RTX Blackwell GPU architecture whitepaper v1.0 (2025): RTX 5090 FP16 tensor with FP32 "
                       "accumulate 209.5 dense, FP32 104.8, 1792 GB/s, PCIe 5.0"),
@@ -271,6 +360,18 @@ SPEEDS: dict[str, Speed] = {
                    "NVIDIA RTX A5000 datasheet: tensor 222.2 TFLOPS with sparsity (111.1 dense), FP32 27.8, 768 GB/s"),
     "A6000": Speed(154.8, 38.7, 77.4, 768, 32,
                    "NVIDIA RTX A6000 datasheet: tensor 309.7 TFLOPS with sparsity (154.8 dense), FP32 38.7, 768 GB/s"),
+    "RTX-6000-Ada": Speed(364.2, 91.1, 182.1, 960, 32,
+                          "NVIDIA RTX 6000 Ada Generation datasheet: FP32 91.1, 1,457 AI TOPS (FP8 with sparsity), "
+                          "960 GB/s, PCIe 4.0 x16; FP16/BF16 tensor with FP32 accumulate 364.2 dense and TF32 182.1 "
+                          "dense derived from it (1,457 / 4; RTX pro cards accumulate in FP32 at full rate)"),
+    "RTX-PRO-6000": Speed(503.8, 125, 251.9, 1792, 64,
+                          "NVIDIA RTX PRO 6000 Blackwell Workstation Edition datasheet: FP32 125, 4,000 AI TOPS (FP4 "
+                          "with sparsity), 1792 GB/s, PCIe 5.0 x16; FP16/BF16 tensor with FP32 accumulate 503.8 dense "
+                          "and TF32 251.9 dense derived (188 SMs x 4 tensor cores at the 2617 MHz boost, "
+                          "full-rate FP32 accumulate as on RTX pro cards; 4,000 / 8 = 500)"),
+    "L40": Speed(181.05, 90.5, 90.5, 864, 32,
+                 "NVIDIA L40 datasheet: BF16/FP16 tensor 362.1 TFLOPS with sparsity (181.05 dense), TF32 181 sparse "
+                 "(90.5 dense), FP32 90.5, 864 GB/s, PCIe 4.0 x16"),
     "L40S": Speed(362, 91.6, 183, 864, 32,
                   "NVIDIA L40S datasheet: BF16/FP16 tensor 733 TFLOPS with sparsity (362 dense), TF32 183 dense, "
                   "FP32 91.6, 864 GB/s, PCIe 4.0"),
@@ -278,12 +379,29 @@ SPEEDS: dict[str, Speed] = {
                        "NVIDIA A100 datasheet (SXM4 40GB): BF16/FP16 tensor 312, TF32 156, FP32 19.5, 1555 GB/s, PCIe 4.0"),
     "A100-80GB": Speed(312, 19.5, 156, 2039, 32,
                        "NVIDIA A100 datasheet (SXM4 80GB): BF16/FP16 tensor 312, TF32 156, FP32 19.5, 2039 GB/s, PCIe 4.0"),
+    "H100-PCIe": Speed(756.5, 51, 378, 2000, 64,
+                       "NVIDIA H100 datasheet (PCIe): BF16/FP16 tensor 1,513 with sparsity (756.5 dense), TF32 756 "
+                       "sparse (378 dense), FP32 51, 2 TB/s, PCIe 5.0"),
     "H100-80GB": Speed(989, 67, 494.5, 3350, 64,
                        "NVIDIA H100 datasheet (SXM): BF16/FP16 tensor 1979 with sparsity (989 dense), TF32 494.5 dense, "
                        "FP32 67, 3.35 TB/s, PCIe 5.0"),
+    "H100-NVL": Speed(835.5, 60, 417.5, 3900, 64,
+                      "NVIDIA H100 datasheet (H100 NVL): BF16/FP16 tensor 1,671 with sparsity (835.5 dense), TF32 835 "
+                      "sparse (417.5 dense), FP32 60, 3.9 TB/s, PCIe 5.0"),
     "H200": Speed(989, 67, 494.5, 4800, 64,
                   "NVIDIA H200 datasheet (SXM): BF16/FP16 tensor 1979 with sparsity (989 dense), TF32 494.5 dense, "
                   "FP32 67, 4.8 TB/s, PCIe 5.0"),
+    "H200-NVL": Speed(835.5, 60, 417.5, 4800, 64,
+                      "NVIDIA H200 datasheet (H200 NVL): BF16/FP16 tensor 1,671 with sparsity (835.5 dense), TF32 835 "
+                      "sparse (417.5 dense), FP32 60, 4.8 TB/s, PCIe 5.0"),
+    "B200": Speed(2250, 75, 1125, 8000, 64,
+                  "NVIDIA HGX B200 datasheet, the 8-GPU board's figures / 8: FP16/BF16 tensor 36 PFLOPS with sparsity "
+                  "(2,250 dense a GPU), TF32 18 PFLOPS sparse (1,125 dense), FP32 600 TFLOPS (75), 8 TB/s a GPU; the "
+                  "host link at PCIe 5.0, the HGX hosts' (the GPU's own is PCIe 6.0)"),
+    "B300": Speed(2250, 75, 1125, 8000, 64,
+                  "NVIDIA HGX B300 datasheet, the 8-GPU board's figures / 8: FP16/BF16 tensor 36 PFLOPS with sparsity "
+                  "(2,250 dense a GPU), TF32 18 PFLOPS sparse (1,125 dense), FP32 600 TFLOPS (75), 8 TB/s a GPU; the "
+                  "host link at PCIe 5.0, the HGX hosts' (the GPU's own is PCIe 6.0)"),
 }
 """Peak figures per catalog card (docs/time-model.md lists them with their sources). Only the H200's
 step times are measured; every other card's predicted time is derived from these figures."""

@@ -36,7 +36,7 @@ from trainmem.errors import SetupError
 from trainmem.estimator import METHODS, estimate, simulated_step
 from trainmem.estimator.breakdown import Breakdown
 from trainmem.estimator.memory import analytic, quantized, sharded, states
-from trainmem.hardware.gpus import CATALOG, GPU, find_gpu
+from trainmem.hardware.gpus import CATALOG, GPU, find_gpu, gpu_problem
 
 from .maxbatch import largest
 
@@ -47,7 +47,7 @@ def cards_of(cards: Iterable[str | GPU] | None) -> list[GPU]:
     for c in CATALOG.values() if cards is None else cards:
         card = c if isinstance(c, GPU) else find_gpu(c)
         if card is None:
-            problems.append(f"--gpu: unknown card {c!r}; known: {', '.join(CATALOG)}")
+            problems.append(gpu_problem(str(c)) or f"--gpu: unknown card {c!r}")
         else:
             out.append(card)
     if problems:
