@@ -49,6 +49,8 @@ FILES: dict[str, str] = {
     "targets-ints.yaml": "model: tiny-gpt-neox\npeft: lora\nlora_targets: [1, 2]\n",
     "targets-empty.yaml": "model: tiny-gpt-neox\npeft: lora\nlora_targets: []\n",
     "cap-bool.yaml": "model: tiny-gpt-neox\nmemory_cap: true\n",
+    "cap-bare.yaml": "model: tiny-gpt-neox\nmemory_cap: 12\n",
+    "cap-bare-float.yaml": "model: tiny-gpt-neox\nmemory_cap: 12.5\n",
     "seq-neg.yaml": "model: tiny-gpt-neox\nseq_len: -5\n",
     "model-list.yaml": "model: [a, b]\n",
     "gpu-float.yaml": "model: tiny-gpt-neox\ngpu: 3.5\n",
@@ -198,6 +200,12 @@ REFUSED = [
      "--lora-targets: expected module names"),
     ("yaml-cap-bool", ["estimate", "--config", "{cap-bool.yaml}", *FAST],
      "--config: memory_cap in {cap-bool.yaml}: true is not a size"),
+    ("yaml-cap-bare", ["estimate", "--config", "{cap-bare.yaml}", *FAST],
+     "--config: memory_cap in {cap-bare.yaml}: 12 has no unit, and as bytes it is less than 1 MiB; write the unit, "
+     "e.g. 12GiB"),
+    ("yaml-cap-bare-float", ["estimate", "--config", "{cap-bare-float.yaml}", *FAST],
+     "--config: memory_cap in {cap-bare-float.yaml}: 12.5 has no unit, and as bytes it is less than 1 MiB; write "
+     "the unit, e.g. 12.5GiB"),
     ("yaml-seq-neg", ["estimate", "--config", "{seq-neg.yaml}", *FAST], "--seq-len: must be a whole number >= 1"),
     ("yaml-model-list", ["estimate", "--config", "{model-list.yaml}", *FAST],
      "--config: model in {model-list.yaml}: expected a name, got ['a', 'b']"),
@@ -312,7 +320,12 @@ REFUSED = [
     ("gpus-huge", ["estimate", *TINY, "--gpus", "9" * 20, "--shard", "fsdp", *FAST], "--gpus: " + "9" * 20 + " is out of range"),
     ("gpus-without-shard", ["estimate", *TINY, "--gpus", "2", *FAST], "--gpus 2: say how states are spread"),
     ("seed-huge", ["estimate", *TINY, "--seed", "9" * 30, *FAST], "--seed: must be a whole number torch can seed with"),
-    ("cap-zero", ["estimate", *TINY, "--memory-cap", "0", *FAST], "--memory-cap: must be a positive number of bytes"),
+    ("cap-zero", ["estimate", *TINY, "--memory-cap", "0GiB", *FAST], "--memory-cap: must be a positive number of bytes"),
+    ("cap-bare", ["estimate", *TINY, "--memory-cap", "12", *FAST],
+     "--memory-cap: 12 has no unit, and as bytes it is less than 1 MiB; write the unit, e.g. 12GiB"),
+    ("cap-bare-mib", ["run", *TINY, "--memory-cap", "16000", "--device", "cpu", "--no-isolate"],
+     "--memory-cap: 16000 has no unit, and as bytes it is less than 1 MiB; write the unit, e.g. 16000MiB"),
+    ("cap-bare-zero", ["estimate", *TINY, "--memory-cap", "0", *FAST], "--memory-cap: 0 has no unit"),
     ("cap-nan", ["estimate", *TINY, "--memory-cap", "nanGiB", *FAST], "--memory-cap: 'nanGiB' is not a size"),
     ("cap-dots", ["estimate", *TINY, "--memory-cap", "1.2.3GiB", *FAST], "--memory-cap: '1.2.3GiB' is not a size"),
     ("cap-negative", ["estimate", *TINY, "--memory-cap=-5GiB", *FAST], "--memory-cap: '-5GiB' is not a size"),
@@ -510,6 +523,18 @@ def test_memory_cap_gives_a_verdict(capsys):
     assert row["verdict"]["gpu"] == "T4"
     code, out, _ = cli(capsys, ["estimate", *TINY, "--memory-cap", "1MiB", *FAST])
     assert out.startswith("does not fit the 1 MiB cap (with the H200's runtime figures): needs")
+    # the forms --help gives, and a bare number of bytes (as a row records the cap)
+    for text, size in (("12.5GiB", int(12.5 * 2**30)), ("12000MiB", 12000 * 2**20), ("12GB", 12 * 10**9),
+                       ("12gib", 12 * 2**30), (str(12 * 2**30), 12 * 2**30)):
+        assert estimate_json(capsys, [*TINY, "--memory-cap", text, *FAST])["verdict"]["capacity"] == size, text
+
+
+def test_memory_cap_in_a_file_takes_the_same_forms(capsys, tmp_path):
+    for value, size in (('"12GiB"', 12 * 2**30), ("12.5GiB", int(12.5 * 2**30)), (str(12 * 2**30), 12 * 2**30)):
+        path = tmp_path / "cap.yaml"
+        path.write_text(f"model: tiny-gpt-neox\nmemory_cap: {value}\n")
+        row = estimate_json(capsys, ["--config", str(path), *FAST])
+        assert row["setup"]["memory_cap"] == row["verdict"]["capacity"] == size, value
 
 
 def test_repeated_notes_are_hidden_unless_verbose(capsys):

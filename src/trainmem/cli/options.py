@@ -48,7 +48,8 @@ SETUP_FLAGS: dict[str, tuple[str, str]] = {
     "--device": ("device", "auto | cuda | cpu"),
     "--gpu": ("gpu", "the card to fit (T4, A100-40GB, H100-80GB, ...); run emulates it: memory capped at its usable memory, "
              "its cuBLAS workspace and SDPA kernels (the host's context and timings stay the host's)"),
-    "--memory-cap": ("memory_cap", "SIZE, e.g. 12GiB: run lets the allocator reserve at most SIZE; estimate judges "
+    "--memory-cap": ("memory_cap", "SIZE with its unit: 12GiB, 12.5GiB, 12000MiB, 12GB (KB/MB/GB/TB are powers of "
+                     "1000, KiB/MiB/GiB/TiB of 1024; a bare number is bytes and must be at least 1 MiB): run lets the allocator reserve at most SIZE; estimate judges "
                      "the setup against a card of SIZE in total with the --gpu card's runtime figures (memory outside "
                      "the allocator, kernels), else the H200's; with --gpu too, against the smaller"),
     "--seed": ("seed", "random seed (default 0)"),

@@ -18,7 +18,12 @@ from trainmem.errors import SetupError
 from .setup import TrainSetup, training_arguments_values
 from .specs import ModelSpec
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20,
+          "gib": 2**30, "tib": 2**40}
+BARE_BYTES_MIN = 2**20
+"""The smallest size a bare number (no unit) may give, in bytes: `--memory-cap 12` means 12 GiB to whoever
+types it, never 12 bytes, so a bare number below 1 MiB is refused rather than read as a byte count."""
+SIZES = "12GiB, 12.5GiB, 12000MiB or 12GB"
 
 KINDS: dict[str, str] = {
     "batch_size": "int", "grad_accum": "int", "seq_len": "int", "checkpointing": "bool", "lora_experts": "bool", "lora_r": "int",
@@ -36,11 +41,23 @@ _EXPECTED = {"int": "a whole number", "float": "a finite number", "bool": "true 
 
 
 def parse_bytes(text: str) -> int:
-    """'12GiB', '300MB', '4096' -> bytes."""
+    """'12GiB', '12.5GiB', '300MB', '12884901888' -> bytes. Units: B, KB, MB, GB, TB (powers of 1000) and KiB,
+    MiB, GiB, TiB (powers of 1024), any case. A bare number is bytes, and must be at least 1 MiB
+    (`BARE_BYTES_MIN`): below that it is a size whose unit was left out, a ValueError saying so."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"{text!r} is not a size like 12GiB, 500MB or 4096")
+        raise ValueError(f"{text!r} is not a size like {SIZES}")
+    if not m.group(2):
+        return bare_bytes(float(m.group(1)), m.group(1))
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def bare_bytes(number: float, shown: str) -> int:
+    """A number given without a unit, as bytes; a ValueError below 1 MiB, where the unit was surely left out."""
+    if number < BARE_BYTES_MIN:
+        example = f"{shown}GiB" if 0 < number <= 1024 else f"{shown}MiB" if number > 1024 else "12GiB"
+        raise ValueError(f"{shown} has no unit, and as bytes it is less than 1 MiB; write the unit, e.g. {example}")
+    return int(number)
 
 
 def convert(kind: str, value: Any) -> Any:
@@ -94,13 +111,11 @@ def convert(kind: str, value: Any) -> Any:
         if isinstance(value, (list, tuple)) and all(isinstance(t, str) for t in value):
             return [t.strip() for t in value]
         raise wrong()
-    if kind == "bytes":
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and math.isfinite(value):
-            return int(value)
+    if kind == "bytes":  # a number in a file is a bare number, as a flag's digits are
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            return bare_bytes(value, _shown(value))
         if text is None:
-            raise ValueError(f"{_shown(value)} is not a size like 12GiB, 500MB or 4096")
+            raise ValueError(f"{_shown(value)} is not a size like {SIZES}")
         return parse_bytes(text)
     if kind == "name" and isinstance(value, int) and not isinstance(value, bool):
         return str(value)
@@ -265,4 +280,4 @@ def load_setup(model: str | None = None, values: dict[str, Any] | None = None, c
     return spec, setup  # type: ignore[return-value]
 
 
-__all__ = ["KINDS", "parse_bytes", "convert", "read_training_arguments", "default_model", "load_setup", "NO_MODEL"]
+__all__ = ["KINDS", "parse_bytes", "bare_bytes", "convert", "read_training_arguments", "default_model", "load_setup", "NO_MODEL"]
