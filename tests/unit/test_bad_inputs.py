@@ -49,6 +49,8 @@ FILES: dict[str, str] = {
     "targets-ints.yaml": "model: tiny-gpt-neox\npeft: lora\nlora_targets: [1, 2]\n",
     "targets-empty.yaml": "model: tiny-gpt-neox\npeft: lora\nlora_targets: []\n",
     "cap-bool.yaml": "model: tiny-gpt-neox\nmemory_cap: true\n",
+    "lora-r-no-peft.yaml": "model: tiny-gpt-neox\nlora_r: 64\n",
+    "lora-r-peft-lora.yaml": "model: tiny-gpt-neox\npeft: lora\nlora_r: 64\n",
     "cap-bare.yaml": "model: tiny-gpt-neox\nmemory_cap: 12\n",
     "cap-bare-float.yaml": "model: tiny-gpt-neox\nmemory_cap: 12.5\n",
     "seq-neg.yaml": "model: tiny-gpt-neox\nseq_len: -5\n",
@@ -200,6 +202,11 @@ REFUSED = [
      "--lora-targets: expected module names"),
     ("yaml-cap-bool", ["estimate", "--config", "{cap-bool.yaml}", *FAST],
      "--config: memory_cap in {cap-bool.yaml}: true is not a size"),
+    ("yaml-lora-r-without-peft", ["estimate", "--config", "{lora-r-no-peft.yaml}", *FAST],
+     "--config: lora_r in {lora-r-no-peft.yaml}: applies to --peft lora or qlora, and --peft is none; add --peft lora "
+     "or drop lora_r from the file"),
+    ("yaml-lora-r-flag-peft-none", ["estimate", "--config", "{lora-r-peft-lora.yaml}", "--peft", "none", *FAST],
+     "--config: lora_r in {lora-r-peft-lora.yaml}: applies to --peft lora or qlora, and --peft is none"),
     ("yaml-cap-bare", ["estimate", "--config", "{cap-bare.yaml}", *FAST],
      "--config: memory_cap in {cap-bare.yaml}: 12 has no unit, and as bytes it is less than 1 MiB; write the unit, "
      "e.g. 12GiB"),
@@ -307,6 +314,17 @@ REFUSED = [
      "--lora-dropout: expected a finite number, got 'inf'"),
     ("lora-dropout-one", ["estimate", *TINY, "--peft", "lora", "--lora-dropout", "1", *FAST],
      "--lora-dropout: must be in [0, 1), got 1.0"),
+    ("lora-r-without-peft", ["estimate", *TINY, "--lora-r", "64", *FAST],
+     "--lora-r: applies to --peft lora or qlora, and --peft is none; add --peft lora or drop --lora-r"),
+    ("lora-alpha-peft-none", ["estimate", *TINY, "--peft", "none", "--lora-alpha", "16", *FAST],
+     "--lora-alpha: applies to --peft lora or qlora, and --peft is none; add --peft lora or drop --lora-alpha"),
+    ("lora-dropout-without-peft", ["run", *TINY, "--lora-dropout", "0", "--device", "cpu", "--no-isolate"],
+     "--lora-dropout: applies to --peft lora or qlora, and --peft is none; add --peft lora or drop --lora-dropout"),
+    ("lora-targets-without-peft", ["estimate", *TINY, "--lora-targets", "query_key_value", *FAST],
+     "--lora-targets: applies to --peft lora or qlora, and --peft is none; add --peft lora or drop --lora-targets"),
+    ("maxbatch-lora-r-without-peft", ["max-batch", *TINY, "--gpu", "T4", "--lora-r", "64"], "--lora-r: applies to"),
+    ("plan-lora-r-peft-not-searched", ["plan", *TINY, "--gpu", "T4", "--target-batch", "4", "--allow", "checkpointing",
+                                       "--lora-r", "16"], "--lora-r: applies to --peft lora or qlora"),
     ("lora-targets-empty", ["estimate", *TINY, "--peft", "lora", "--lora-targets", "", *FAST],
      "--lora-targets: expected module names"),
     ("lora-targets-unknown", ["estimate", *TINY, "--peft", "lora", "--lora-targets", "q_proj", *FAST],
@@ -666,6 +684,22 @@ def test_every_flag_mistyped(capsys, flag):
         assert "NaN" not in out and "Infinity" not in out
 
 
+def test_lora_values_count_only_where_given(capsys, paths):
+    """LoRA's defaults (r 8, alpha 32, dropout 0.05) never make --peft none a problem; values given do, from a flag
+    or a file; a bad --peft is reported alone, not with the LoRA values it would have used; a plan that may switch
+    LoRA on (--allow peft) takes them for its LoRA options."""
+    assert estimate_json(capsys, [*TINY, "--peft", "none", *FAST])["setup"]["lora_r"] == 8
+    row = estimate_json(capsys, ["--config", paths["lora-r-peft-lora.yaml"], *FAST])
+    assert (row["setup"]["peft"], row["setup"]["lora_r"]) == ("lora", 64)
+    code, _, err = cli(capsys, ["estimate", *TINY, "--peft", "adapter", "--lora-r", "64", *FAST])
+    assert code == 2 and problem_lines(err, "estimate") == ["--peft: 'adapter' is not one of none, lora, qlora"]
+    code, out, err = cli(capsys, ["plan", *TINY, "--gpu", "T4", "--target-batch", "4", "--allow", "peft",
+                                  "--lora-r", "16", "--finalists", "0", "--json"])
+    assert code == 0, err
+    options = json.loads(out)["options"]
+    assert {o["setup"]["lora_r"] for o in options if o["setup"]["peft"] != "none"} == {16}
+
+
 def test_tight_says_what_to_cut_and_fits_does_not():
     from trainmem.output.render import headline
     from trainmem.result import Result
@@ -683,7 +717,7 @@ def test_tight_says_what_to_cut_and_fits_does_not():
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--model", "tiny-olmoe", "--lora-experts"], "--lora-experts: given with --peft none"),
+    (["--model", "tiny-olmoe", "--lora-experts"], "--lora-experts: applies to --peft lora or qlora, and --peft is none"),
     (["--model", "tiny-olmoe", "--peft", "lora", "--lora-experts"], "add --lora-dropout 0"),
     (["--model", "tiny-olmoe", "--peft", "lora", "--lora-experts", "--lora-dropout", "0", "--precision", "amp-bf16"],
      "not modelled under autocast"),

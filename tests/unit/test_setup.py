@@ -28,7 +28,8 @@ def test_all_problems_reported_at_once():
 
 def test_contradictory_and_missing_data_flags(tmp_path):
     problems = TrainSetup(lora_targets=["q_proj"], data_mode="pack").problems()
-    assert any("--lora-targets: given with --peft none" in p for p in problems)
+    assert "--lora-targets: applies to --peft lora or qlora, and --peft is none; add --peft lora or drop --lora-targets" \
+        in problems
     assert any("--data-mode: only applies to --data" in p for p in problems)
     problems = TrainSetup(data=str(tmp_path / "missing.txt")).problems()
     assert problems == [f"--data: no such file {str(tmp_path / 'missing.txt')!r}"]

@@ -51,6 +51,25 @@ def test_grid_conflicts_and_bad_values_are_reported_together(tmp_path):
     assert sum("--peft: 'full' is not one of" in p for p in e.value.problems) == 2
 
 
+def test_lora_values_of_a_grid_are_for_its_lora_points():
+    """`--peft none,lora --lora-r 8,16`: the LoRA points take each rank, the full fine-tuning point is made once
+    with none; LoRA values where no point has LoRA are refused, naming the flag."""
+    points = expand({"model": ["tiny-llama"], "peft": ["none", "lora"], "lora_r": ["8", "16"], "lora_dropout": ["0"]})
+    resolved = [s for _, s in resolve(points)]
+    assert [(s.peft, s.lora_r, s.lora_dropout) for s in resolved] == [("none", 8, 0.05), ("lora", 8, 0.0),
+                                                                      ("lora", 16, 0.0)]
+    with pytest.raises(SetupError) as e:
+        resolve(expand({"model": ["tiny-llama"], "peft": ["none"], "lora_r": ["8", "16"]}))
+    assert e.value.problems == ["--lora-r: applies to --peft lora or qlora, and no point of the sweep has one; add "
+                                "lora to --peft or drop --lora-r"]
+    with pytest.raises(SetupError) as e:  # no --peft axis: each point is a setup like any other
+        resolve(expand({"model": ["tiny-llama"], "lora_alpha": ["16"]}))
+    assert e.value.problems == ["point 1 (model=tiny-llama, lora_alpha=16): --lora-alpha: applies to --peft lora or "
+                                "qlora, and --peft is none; add --peft lora or drop --lora-alpha"]
+    chapter = resolve(expand({"lora_r": ["16"]}, preset_points("chapter")))
+    assert [(s.peft, s.lora_r) for _, s in chapter][-3:] == [("none", 8), ("lora", 16), ("qlora", 16)]
+
+
 def test_chapter_preset_is_the_seven_runs():
     points = preset_points("chapter")
     resolved = resolve(points)

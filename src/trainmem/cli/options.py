@@ -31,10 +31,10 @@ SETUP_FLAGS: dict[str, tuple[str, str]] = {
     "--grad-accum": ("grad_accum", "gradient accumulation steps (default 1)"),
     "--seq-len": ("seq_len", "sequence length (default 256)"),
     "--peft": ("peft", f"{'|'.join(PEFTS)} (default none)"),
-    "--lora-r": ("lora_r", "LoRA rank (default 8)"),
-    "--lora-alpha": ("lora_alpha", "LoRA alpha (default 32)"),
-    "--lora-dropout": ("lora_dropout", "LoRA dropout (default 0.05)"),
-    "--lora-targets": ("lora_targets", "comma-separated module names (default: per architecture)"),
+    "--lora-r": ("lora_r", "LoRA rank (default 8; with --peft lora or qlora)"),
+    "--lora-alpha": ("lora_alpha", "LoRA alpha (default 32; with --peft lora or qlora)"),
+    "--lora-dropout": ("lora_dropout", "LoRA dropout (default 0.05; with --peft lora or qlora)"),
+    "--lora-targets": ("lora_targets", "comma-separated module names (default: per architecture; with --peft lora or qlora)"),
     "--precision": ("precision", f"{'|'.join(PRECISIONS)} (default auto: checkpoint dtype on CUDA, fp32 on CPU)"),
     "--optimizer": ("optimizer", f"{'|'.join(OPTIMIZERS)} (default adamw)"),
     "--lr": ("lr", "learning rate (default 1e-4)"),
@@ -126,10 +126,12 @@ def margin(args: argparse.Namespace, problems: list[str]) -> float:
 
 
 def setup_from_args(args: argparse.Namespace, problems: list[str] | None = None,
-                    default: Callable[[], str] | None = default_model) -> tuple[ModelSpec, TrainSetup]:
+                    default: Callable[[], str] | None = default_model,
+                    peft_searched: bool = False) -> tuple[ModelSpec, TrainSetup]:
     """Spec and validated setup from parsed flags; raises one SetupError with every problem, `problems`
     (the command's own options) included. `default`: the model where neither --model nor --config names one
-    (None: a problem); `args.default_model` says whether it was taken."""
+    (None: a problem); `args.default_model` says whether it was taken. `peft_searched`: LoRA values given with
+    `--peft none` are for the LoRA setups the command searches (`load_setup`)."""
     taken: list[str] = []
 
     def fallback() -> str:
@@ -138,7 +140,7 @@ def setup_from_args(args: argparse.Namespace, problems: list[str] | None = None,
 
     try:
         return load_setup(args.model, given_values(args), args.config, getattr(args, "training_args", None),
-                          problems, fallback if default is not None else None)
+                          problems, fallback if default is not None else None, peft_searched)
     finally:
         args.default_model = taken[-1] if taken else None
 

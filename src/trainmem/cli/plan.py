@@ -44,7 +44,8 @@ def register(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     wanted, flags = read_flags(vars(args))  # with the preset's flags and, with CUDA, --gpu this card
-    spec, base = options.setup_from_args(argparse.Namespace(**flags), default=None)
+    spec, base = options.setup_from_args(argparse.Namespace(**flags), default=None,
+                                         peft_searched="peft" in wanted["allow"])  # LoRA values: its LoRA options
     console = plan_console(stderr=args.json)
     plan = make_plan(spec, base, **wanted, searching=lambda text: console.status(escape(text)),
                      confirmed=lambda setup, entry: print_confirmed(setup, entry, console))

@@ -207,13 +207,26 @@ def _read_yaml(path: str, problems: list[str], where: dict[str, str]) -> dict[st
     return values
 
 
+LORA_VALUES = ("lora_r", "lora_alpha", "lora_dropout")
+"""LoRA's numbers, which have defaults: one given with `--peft none` would be silently unused (`lora_targets` and
+`lora_experts`, whose defaults say "not given", are `TrainSetup.problems`' own)."""
+
+
+def lora_without_peft(name: str, origin: str) -> str:
+    """The problem of a LoRA value given (at `origin`: its flag, or where in a file) to a setup with `--peft none`."""
+    flag = "--" + name.replace("_", "-")
+    drop = flag if origin == flag else f"{name} from the file"
+    return f"{origin}: applies to --peft lora or qlora, and --peft is none; add --peft lora or drop {drop}"
+
+
 NO_MODEL = ("--model: which model? a preset (e.g. llama-3.2-1b, qwen2.5-0.5b, tiny-llama), a config.json, a local "
             "model folder or a hub id (org/name), e.g. --model llama-3.2-1b")
 
 
 def load_setup(model: str | None = None, values: dict[str, Any] | None = None, config: str | None = None,
                training_args: str | None = None, problems: list[str] | None = None,
-               default: Callable[[], str] | None = default_model) -> tuple[ModelSpec, TrainSetup]:
+               default: Callable[[], str] | None = default_model,
+               peft_searched: bool = False) -> tuple[ModelSpec, TrainSetup]:
     """The model and the validated setup its sources describe; raises one SetupError with every problem.
 
     Args:
@@ -223,6 +236,8 @@ def load_setup(model: str | None = None, values: dict[str, Any] | None = None, c
         training_args: a JSON file of TrainingArguments fields (`args.to_json_string()`).
         problems: problems already found by the caller (its own options), reported with these.
         default: the model when none is given (`default_model`); None makes a missing model a problem.
+        peft_searched: the caller searches over `peft` (`plan --allow peft`), so a LoRA value given with
+            `--peft none` is for its LoRA candidates; otherwise it is a problem, as the value would go unused.
     """
     problems = list(problems or [])
     for flag, path in (("--training-args", training_args), ("--config", config)):
@@ -245,6 +260,7 @@ def load_setup(model: str | None = None, values: dict[str, Any] | None = None, c
         where.pop(name, None)
     if model is not None:
         merged["model"], where["model"] = model, "--model"
+    peft_given = "peft" in merged
     for name in list(merged):
         origin = where.get(name, "--" + name.replace("_", "-"))
         if merged[name] is None and name in OPTIONAL:
@@ -259,6 +275,9 @@ def load_setup(model: str | None = None, values: dict[str, Any] | None = None, c
             except ValueError as e:
                 problems.append(f"{origin}: {e}")
                 del merged[name]
+    unread = peft_given and "peft" not in merged  # a bad --peft is its own problem: say nothing of LoRA's values
+    if not peft_searched and not unread and merged.get("peft", TrainSetup.peft) == "none":
+        problems += [lora_without_peft(n, where.get(n, "--" + n.replace("_", "-"))) for n in LORA_VALUES if n in merged]
     name = merged.pop("model", None)
     if name is not None and not name.strip():
         problems.append("--model: an empty name; " + NO_MODEL.split("? ", 1)[1])
@@ -280,4 +299,5 @@ def load_setup(model: str | None = None, values: dict[str, Any] | None = None, c
     return spec, setup  # type: ignore[return-value]
 
 
-__all__ = ["KINDS", "parse_bytes", "bare_bytes", "convert", "read_training_arguments", "default_model", "load_setup", "NO_MODEL"]
+__all__ = ["KINDS", "parse_bytes", "bare_bytes", "convert", "read_training_arguments", "default_model", "load_setup", "NO_MODEL",
+           "LORA_VALUES", "lora_without_peft"]

@@ -74,8 +74,8 @@ def preset_points(name: str) -> list[dict[str, Any]]:
     if name != "chapter":
         raise SetupError([f"--preset: {name!r} is not one of {', '.join(PRESETS)}"])
     default = TrainSetup().to_dict()
-    return [{"model": CHAPTER_MODEL, **{k: v for k, v in run.setup.to_dict().items() if v != default[k]}}
-            for run in CHAPTER_RUNS]
+    return [{"model": CHAPTER_MODEL, "peft": run.setup.peft,  # every point says its peft (see `resolve`)
+             **{k: v for k, v in run.setup.to_dict().items() if v != default[k]}} for run in CHAPTER_RUNS]
 
 
 def read_grid(path: str) -> dict[str, list[Any]]:
@@ -115,19 +115,40 @@ def axes(given: dict[str, Any], grid: str | None = None) -> dict[str, list[Any]]
     return out
 
 
+LORA_FIELDS = ("lora_r", "lora_alpha", "lora_dropout", "lora_targets", "lora_experts")
+
+
 def resolve(points: list[dict[str, Any]], config: str | None = None, training_args: str | None = None,
             problems: list[str] | None = None) -> list[tuple[ModelSpec, TrainSetup]]:
     """(spec, setup) for every point, its values standing in for the setup flags (`config` and
-    `training_args` apply to all); one SetupError with every problem, the caller's `problems` included."""
+    `training_args` apply to all); one SetupError with every problem, the caller's `problems` included.
+
+    A grid's LoRA values (`--peft none,lora --lora-r 8,16`) are for its LoRA points: a point that says
+    `peft: none` takes none of them, and is made once. LoRA values no point can use are a problem."""
     out: list[tuple[ModelSpec, TrainSetup]] = []
     problems = list(problems or [])
+    seen: set[str] = set()
+    left_out: dict[str, None] = {}  # the LoRA fields left out of `peft: none` points, in order
+    kept: set[str] = set()  # those of the other points
     for i, point in enumerate(points, 1):
+        values = {k: v for k, v in point.items() if k != "model"}
+        lora = [k for k in LORA_FIELDS if k in values]
+        if str(values.get("peft")).strip() == "none":
+            left_out.update(dict.fromkeys(lora))
+            values = {k: v for k, v in values.items() if k not in LORA_FIELDS}
+        else:
+            kept.update(lora)
+        key = json.dumps([point.get("model"), values], sort_keys=True, default=repr)
+        if key in seen:
+            continue
+        seen.add(key)
         try:
-            out.append(load_setup(point.get("model"), {k: v for k, v in point.items() if k != "model"},
-                                  config, training_args))
+            out.append(load_setup(point.get("model"), values, config, training_args))
         except SetupError as e:
             where = ", ".join(f"{k}={v}" for k, v in point.items())
             problems += [f"point {i} ({where}): {p}" for p in e.problems]
+    problems += [f"--{name.replace('_', '-')}: applies to --peft lora or qlora, and no point of the sweep has one; "
+                 f"add lora to --peft or drop --{name.replace('_', '-')}" for name in left_out if name not in kept]
     if problems:
         raise SetupError(problems)
     return out
