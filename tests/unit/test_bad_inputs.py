@@ -336,6 +336,11 @@ REFUSED = [
     ("seq-zero", ["estimate", *TINY, "--seq-len", "0", *FAST], "--seq-len: must be a whole number >= 1, got 0"),
     ("seq-past-positions", ["estimate", *TINY, "--seq-len", "4096", *FAST], "--seq-len: 4096 is longer than tiny-gpt-neox's"),
     ("gpus-huge", ["estimate", *TINY, "--gpus", "9" * 20, "--shard", "fsdp", *FAST], "--gpus: " + "9" * 20 + " is out of range"),
+    ("shard-without-gpus", ["estimate", *TINY, "--shard", "fsdp", *FAST],
+     "--shard fsdp: needs --gpus N with N >= 2 (one GPU has nothing to spread states over); add --gpus 2 or more, "
+     "or drop --shard"),
+    ("shard-one-gpu", ["run", *TINY, "--gpus", "1", "--shard", "ddp", "--device", "cpu", "--no-isolate"],
+     "--shard ddp: needs --gpus N with N >= 2"),
     ("gpus-without-shard", ["estimate", *TINY, "--gpus", "2", *FAST], "--gpus 2: say how states are spread"),
     ("seed-huge", ["estimate", *TINY, "--seed", "9" * 30, *FAST], "--seed: must be a whole number torch can seed with"),
     ("cap-zero", ["estimate", *TINY, "--memory-cap", "0GiB", *FAST], "--memory-cap: must be a positive number of bytes"),
@@ -682,6 +687,12 @@ def test_every_flag_mistyped(capsys, flag):
         assert code in (0, 2), (flag, text, err)
         assert code == 0 or _named(problem_lines(err, "estimate"), flag[2:].replace("-", "_")), (flag, text, err)
         assert "NaN" not in out and "Infinity" not in out
+
+
+def test_one_gpu_shards_only_to_offload(capsys):
+    """Sharding over one GPU changes nothing and is refused; offloading from one GPU (ZeRO-Offload) is a use."""
+    row = estimate_json(capsys, [*TINY, "--shard", "zero2", "--offload", "optimizer", *FAST])
+    assert (row["setup"]["gpus"], row["setup"]["shard"], row["setup"]["offload"]) == (1, "zero2", "optimizer")
 
 
 def test_lora_values_count_only_where_given(capsys, paths):

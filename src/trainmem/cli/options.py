@@ -54,7 +54,8 @@ SETUP_FLAGS: dict[str, tuple[str, str]] = {
                      "the allocator, kernels), else the H200's; with --gpu too, against the smaller"),
     "--seed": ("seed", "random seed (default 0)"),
     "--gpus": ("gpus", "data-parallel GPUs (default 1; run: CPU processes over gloo with --device cpu, or one rank with --rank)"),
-    "--shard": ("shard", "none|ddp|zero1|zero2|zero3|fsdp: how states spread over --gpus (run: ddp, fsdp; estimate simulates fsdp)"),
+    "--shard": ("shard", "none|ddp|zero1|zero2|zero3|fsdp: how states spread over --gpus N (N >= 2; one GPU only "
+              "with --offload); run: ddp, fsdp; estimate simulates fsdp"),
     "--rank": ("rank", "R|all: measure rank R (or each in turn) of the --gpus N --shard fsdp run in one "
                "process through PyTorch's fake process group (default on CUDA: rank 0)"),
     "--offload": ("offload", "none|optimizer|params: ZeRO/FSDP offload to CPU memory (estimate)"),

@@ -226,6 +226,9 @@ class TrainSetup:
         choice("offload", self.offload, OFFLOADS)
         if _whole(self.gpus) and self.gpus > 1 and self.shard == "none":
             out.append(f"--gpus {self.gpus}: say how states are spread with --shard ddp|zero1|zero2|zero3|fsdp")
+        if self.gpus == 1 and self.shard in SHARDS[1:] and self.offload == "none":  # one GPU offloading is a use
+            out.append(f"--shard {self.shard}: needs --gpus N with N >= 2 (one GPU has nothing to spread states "
+                       f"over); add --gpus 2 or more, or drop --shard")
         if self.offload != "none" and self.shard not in ("zero1", "zero2", "zero3", "fsdp"):
             out.append(f"--offload {self.offload}: needs --shard zero1|zero2|zero3|fsdp")
         if self.offload == "params" and self.shard not in ("zero3", "fsdp"):
