@@ -342,7 +342,8 @@ REFUSED = [
     ("shard-one-gpu", ["run", *TINY, "--gpus", "1", "--shard", "ddp", "--device", "cpu", "--no-isolate"],
      "--shard ddp: needs --gpus N with N >= 2"),
     ("gpus-without-shard", ["estimate", *TINY, "--gpus", "2", *FAST], "--gpus 2: say how states are spread"),
-    ("seed-huge", ["estimate", *TINY, "--seed", "9" * 30, *FAST], "--seed: must be a whole number torch can seed with"),
+    ("seed-huge", ["run", *TINY, "--seed", "9" * 30, "--device", "cpu", "--no-isolate"],
+     "--seed: must be a whole number torch can seed with"),
     ("cap-zero", ["estimate", *TINY, "--memory-cap", "0GiB", *FAST], "--memory-cap: must be a positive number of bytes"),
     ("cap-bare", ["estimate", *TINY, "--memory-cap", "12", *FAST],
      "--memory-cap: 12 has no unit, and as bytes it is less than 1 MiB; write the unit, e.g. 12GiB"),
@@ -366,9 +367,40 @@ REFUSED = [
     ("shard-unknown", ["estimate", *TINY, "--shard", "zero9", *FAST], "--shard: 'zero9' is not one of"),
     ("offload-without-shard", ["estimate", *TINY, "--offload", "params", "--shard", "zero2", *FAST],
      "--offload params: only ZeRO-3 and FSDP"),
-    ("rank-out-of-range", ["estimate", *TINY, "--rank", "5", "--gpus", "2", "--shard", "fsdp", *FAST],
+    ("rank-out-of-range", ["run", *TINY, "--rank", "5", "--gpus", "2", "--shard", "fsdp", "--device", "cpu"],
      "--rank 5: out of range for --gpus 2"),
-    ("rank-text", ["estimate", *TINY, "--rank", "x", "--gpus", "2", "--shard", "fsdp", *FAST], "--rank x: out of range"),
+    ("rank-text", ["run", *TINY, "--rank", "x", "--gpus", "2", "--shard", "fsdp", "--device", "cpu"],
+     "--rank x: out of range"),
+    # a flag the command does not use
+    ("estimate-engine", ["estimate", *TINY, "--engine", "trainer", *FAST],
+     "--engine: trainmem estimate does not use it (it trains nothing; --engine picks who trains in trainmem run); "
+     "drop it"),
+    ("estimate-rank", ["estimate", *TINY, "--rank", "1", "--gpus", "2", "--shard", "fsdp", *FAST],
+     "--rank: trainmem estimate does not use it (it predicts rank 0 of --gpus N --shard fsdp; --rank picks the rank "
+     "trainmem run measures); drop it"),
+    ("estimate-steps", ["estimate", *TINY, "--steps", "10", *FAST], "--steps: trainmem estimate does not use it"),
+    ("estimate-num-samples", ["estimate", *TINY, "--num-samples", "8", *FAST],
+     "--num-samples: trainmem estimate does not use it"),
+    ("maxbatch-batch-size", ["max-batch", *TINY, "--gpu", "T4", "--batch-size", "8"],
+     "--batch-size: trainmem max-batch does not use it (it searches the micro-batch; --target-batch N adds the "
+     "accumulation for an effective batch); drop it"),
+    ("maxbatch-memory-cap", ["max-batch", *TINY, "--gpu", "T4", "--memory-cap", "8GiB"],
+     "--memory-cap: trainmem max-batch does not use it (it fits the --gpu card, less --margin); drop it"),
+    ("plan-steps", ["plan", *TINY, "--gpu", "T4", "--target-batch", "4", "--steps", "5"],
+     "--steps: trainmem plan does not use it (it estimates the steady step, and --confirm runs 8 steps); drop it"),
+    ("plan-memory-cap", ["plan", *TINY, "--gpu", "T4", "--target-batch", "4", "--memory-cap", "8GiB"],
+     "--memory-cap: trainmem plan does not use it"),
+    ("verify-batch-size", ["verify-accumulation", "--batch-size", "4"],
+     "--batch-size: trainmem verify-accumulation does not use it (--full-batch and --micro-batch set its batches); "
+     "drop it"),
+    ("verify-precision", ["verify-accumulation", "--precision", "bf16"],
+     "--precision: trainmem verify-accumulation does not use it (--dtype sets the weights' dtype); drop it"),
+    ("verify-optimizer", ["verify-accumulation", "--optimizer", "sgd"],
+     "--optimizer: trainmem verify-accumulation does not use it (it compares gradients and takes no optimizer step)"),
+    ("verify-gpus", ["verify-accumulation", "--gpus", "2", "--shard", "ddp"], "--gpus: trainmem verify-accumulation "
+     "does not use it (it compares one process's gradients); drop it"),
+    ("sweep-estimate-engine", ["sweep", *TINY, "--method", "estimate", "--engine", "trainer", "--out", "{folder}/x.jsonl"],
+     "--engine: trainmem sweep --method estimate does not use it (it trains nothing"),
     ("lr-batch-zero", ["estimate", *TINY, "--lr-batch", "0", *FAST], "--lr-batch: must be a whole number >= 1"),
     ("method-unknown", ["estimate", *TINY, "--method", "guess"], "--method: 'guess' is not one of"),
     ("data-folder", ["estimate", *TINY, "--data", "{folder}", *FAST], "--data: '{folder}' is a folder"),
@@ -687,6 +719,28 @@ def test_every_flag_mistyped(capsys, flag):
         assert code in (0, 2), (flag, text, err)
         assert code == 0 or _named(problem_lines(err, "estimate"), flag[2:].replace("-", "_")), (flag, text, err)
         assert "NaN" not in out and "Infinity" not in out
+
+
+def test_a_command_offers_only_the_flags_it_uses(capsys, paths, tmp_path):
+    """Flags a command does not use are not in its --help, and given anyway they are refused with the command's
+    other problems; the same fields in a --config file are taken (one file serves run and estimate alike)."""
+    from trainmem.cli.options import NOT_USED, SETUP_FLAGS
+
+    flags = {name: flag for flag, (name, _) in SETUP_FLAGS.items()}
+    for command, unused in NOT_USED.items():
+        _, out, _ = cli(capsys, [command, "--help"])
+        offered = re.findall(r"^\s+(--[a-z-]+)", out, re.M) + re.findall(r"\[(--[a-z-]+)", out)
+        assert offered and not [flags[n] for n in unused if flags[n] in offered], command
+    _, out, _ = cli(capsys, ["run", "--help"])
+    assert all(re.search(rf"^\s+{flag} X", out, re.M) for flag in SETUP_FLAGS)
+    code, _, err = cli(capsys, ["estimate", *TINY, "--engine", "trainer", "--rank", "1", "--lr", "0", *FAST])
+    assert code == 2 and [p.split(":")[0] for p in problem_lines(err, "estimate")] == ["--engine", "--rank", "--lr"]
+    config = tmp_path / "run.yaml"
+    config.write_text("model: tiny-gpt-neox\nengine: trainer\nsteps: 5\nseed: 3\n")
+    assert estimate_json(capsys, ["--config", str(config), *FAST])["setup"]["engine"] == "trainer"
+    code, out, err = cli(capsys, ["sweep", *TINY, "--method", "estimate", "--estimator", "analytic", "--out",
+                                  str(tmp_path / "rows.jsonl"), "--device", "cpu", "--batch-size", "1"])
+    assert code == 0, err
 
 
 def test_one_gpu_shards_only_to_offload(capsys):

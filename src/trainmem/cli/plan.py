@@ -22,7 +22,7 @@ from .plan_flags import read_flags
 
 
 def register(p: argparse.ArgumentParser) -> None:
-    options.add_setup_arguments(p)
+    options.add_setup_arguments(p, command="plan")
     p.add_argument("--target-batch", metavar="N", help="the effective batch (samples per optimizer step) to reach exactly")
     p.add_argument("--preset", help="chapter: the tutorial chapter trainmem grew from: polyglot-ko-1.3b fine-tuned on "
                    "a T4 (sequence 256, fp16, effective batch 16, with peft and checkpointing allowed)")

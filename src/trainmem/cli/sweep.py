@@ -11,14 +11,7 @@ from __future__ import annotations
 import argparse
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from trainmem.errors import SetupError
 from trainmem.output.render import sweep_line
@@ -58,6 +51,9 @@ def main(args: argparse.Namespace) -> int:
         sweep = Sweep([], args.out, args.method, args.estimator, args.resume, args.force, args.retry_errors)
     except SetupError as e:
         problems, sweep = e.problems, None
+    if sweep is not None and sweep.method == "estimate":  # no point is run: the flags of training alone are unused
+        how = "sweep --method estimate" + ("" if args.method else " (the default without CUDA)")
+        problems += options.not_used(args, how, options.NOT_USED["estimate"])
     given = {"model": args.model, **options.given_values(args)}
     bases = preset_points(args.preset) if args.preset else [{}]
     points = resolve(expand(axes(given, args.grid), bases), args.config, args.training_args, problems)
