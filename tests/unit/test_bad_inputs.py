@@ -399,6 +399,13 @@ REFUSED = [
      "--optimizer: trainmem verify-accumulation does not use it (it compares gradients and takes no optimizer step)"),
     ("verify-gpus", ["verify-accumulation", "--gpus", "2", "--shard", "ddp"], "--gpus: trainmem verify-accumulation "
      "does not use it (it compares one process's gradients); drop it"),
+    ("sweep-empty-item", ["sweep", *TINY, "--batch-size", "2,,4", "--out", "{folder}/x.jsonl"],
+     "--batch-size: '2,,4' has an empty item (item 2 of 3); put one value between commas, e.g. 2,4"),
+    ("sweep-empty-value", ["sweep", *TINY, "--batch-size", "", "--out", "{folder}/x.jsonl"],
+     "point 1 (model=tiny-gpt-neox, batch_size=): --batch-size: expected a whole number, got ''"),
+    ("lora-targets-empty-item", ["estimate", *TINY, "--peft", "lora", "--lora-targets", "query_key_value,,dense", *FAST],
+     "--lora-targets: 'query_key_value,,dense' has an empty item; put one module name between commas, e.g. "
+     "query_key_value,dense"),
     ("sweep-estimate-engine", ["sweep", *TINY, "--method", "estimate", "--engine", "trainer", "--out", "{folder}/x.jsonl"],
      "--engine: trainmem sweep --method estimate does not use it (it trains nothing"),
     ("lr-batch-zero", ["estimate", *TINY, "--lr-batch", "0", *FAST], "--lr-batch: must be a whole number >= 1"),

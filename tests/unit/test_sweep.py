@@ -24,6 +24,18 @@ def test_comma_lists_expand_last_axis_fastest():
                           {"batch_size": "8", "peft": "none"}]
 
 
+def test_an_empty_item_of_a_comma_list_is_named_not_dropped():
+    with pytest.raises(SetupError) as e:
+        axes({"batch_size": "2,,4", "seq_len": "16,32,", "peft": "lora"})
+    assert e.value.problems == [
+        "--batch-size: '2,,4' has an empty item (item 2 of 3); put one value between commas, e.g. 2,4",
+        "--seq-len: '16,32,' has an empty item (item 3 of 3); put one value between commas, e.g. 16,32"]
+    problems: list[str] = []  # given a list, the axis is left out and the rest is checked
+    assert axes({"batch_size": "2,,4", "peft": " none , lora"}, problems=problems) == {"peft": ["none", "lora"]}
+    assert len(problems) == 1 and problems[0].startswith("--batch-size: '2,,4' has an empty item")
+    assert axes({"batch_size": ""}) == {"batch_size": [""]}  # no comma: one value, which validation refuses
+
+
 def test_yaml_grid_and_flags_combine_and_resolve(tmp_path):
     grid = tmp_path / "grid.yaml"
     grid.write_text("batch-size: [1, 2]\ncheckpointing: [false, true]\nprecision: fp32\n")

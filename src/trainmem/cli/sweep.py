@@ -56,7 +56,7 @@ def main(args: argparse.Namespace) -> int:
         problems += options.not_used(args, how, options.NOT_USED["estimate"])
     given = {"model": args.model, **options.given_values(args)}
     bases = preset_points(args.preset) if args.preset else [{}]
-    points = resolve(expand(axes(given, args.grid), bases), args.config, args.training_args, problems)
+    points = resolve(expand(axes(given, args.grid, problems), bases), args.config, args.training_args, problems)
     assert sweep is not None  # a bad option raised above, with every other problem
     sweep.points = points
     console = Console(stderr=True)

@@ -106,8 +106,12 @@ def convert(kind: str, value: Any) -> Any:
             return value
         raise wrong()
     if kind == "list":
-        if text is not None:
-            return [t.strip() for t in text.split(",") if t.strip()]
+        items = [t.strip() for t in text.split(",")] if text is not None else None
+        if items is not None and len(items) > 1 and not all(items):  # '2,,4' and '2,4,': an item left out
+            raise ValueError(f"{value!r} has an empty item; put one module name between commas, e.g. "
+                             f"{','.join(t for t in items if t) or 'q_proj,v_proj'}")
+        if items is not None:
+            return [t for t in items if t]
         if isinstance(value, (list, tuple)) and all(isinstance(t, str) for t in value):
             return [t.strip() for t in value]
         raise wrong()

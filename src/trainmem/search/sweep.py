@@ -54,8 +54,14 @@ NOT_AXES = ("lora_targets",)
 
 
 def split_values(text: str) -> list[str]:
-    """'4,8,16' -> ['4', '8', '16']; a value without a comma is a one-value axis."""
-    return [t.strip() for t in str(text).split(",") if t.strip()]
+    """'4,8,16' -> ['4', '8', '16']; a value without a comma is a one-value axis. An empty item ('2,,4', '2,4,')
+    is a ValueError naming it: a value left out, which the grid must not silently lose."""
+    items = [t.strip() for t in str(text).split(",")]
+    if len(items) > 1 and not all(items):
+        at = [i for i, t in enumerate(items, 1) if not t]
+        raise ValueError(f"{text!r} has an empty item (item {', '.join(map(str, at))} of {len(items)}); put one value "
+                         f"between commas, e.g. {','.join(t for t in items if t) or '4,8'}")
+    return items
 
 
 def expand(axes: dict[str, list[Any]], bases: Iterable[dict[str, Any]] = ({},)) -> list[dict[str, Any]]:
@@ -97,14 +103,24 @@ def read_grid(path: str) -> dict[str, list[Any]]:
     return {str(k).replace("-", "_"): v if isinstance(v, list) else [v] for k, v in loaded.items()}
 
 
-def axes(given: dict[str, Any], grid: str | None = None) -> dict[str, list[Any]]:
+def axes(given: dict[str, Any], grid: str | None = None, problems: list[str] | None = None) -> dict[str, list[Any]]:
     """The axes of a sweep: each given value (field or `model` -> text, as the flags hold it) split on
     commas, `checkpointing` given as a one-value axis [True], then the YAML `grid`'s axes; a field in
-    both is a problem."""
+    both is a problem. A comma list with an empty item is a problem: added to `problems` (the axis left
+    out, so that the rest is checked too) where it is given, else raised."""
     out: dict[str, list[Any]] = {}
+    found: list[str] = []
     for name, value in given.items():
-        if value is not None:
+        if value is None:
+            continue
+        try:
             out[name] = [True] if name == "checkpointing" else [value] if name in NOT_AXES else split_values(value)
+        except ValueError as e:
+            found.append(f"--{name.replace('_', '-')}: {e}")
+    if found and problems is None:
+        raise SetupError(found)
+    if found:
+        problems += found  # type: ignore[operator]
     if grid:
         from_grid = read_grid(grid)
         both = sorted(set(from_grid) & set(out))
