@@ -110,6 +110,9 @@ FILES: dict[str, str] = {
                                                    "num_attention_heads": 2, "intermediate_size": 64}}),
     # --data
     "data.csv": "a,b\n",
+    # sweep --out
+    "old-rows.jsonl": '{"kind": "estimate"}\n\n{"kind": "estimate"}\n',
+    "empty-rows.jsonl": "",
     "locked.txt": "a line\n",
 }
 
@@ -406,6 +409,9 @@ REFUSED = [
     ("lora-targets-empty-item", ["estimate", *TINY, "--peft", "lora", "--lora-targets", "query_key_value,,dense", *FAST],
      "--lora-targets: 'query_key_value,,dense' has an empty item; put one module name between commas, e.g. "
      "query_key_value,dense"),
+    ("sweep-out-not-empty", ["sweep", *TINY, "--method", "estimate", "--out", "{old-rows.jsonl}"],
+     "--out: {old-rows.jsonl} already holds 2 lines; a sweep without --resume would append its points again: add "
+     "--resume to skip the points it holds, or pass a new --out"),
     ("sweep-estimate-engine", ["sweep", *TINY, "--method", "estimate", "--engine", "trainer", "--out", "{folder}/x.jsonl"],
      "--engine: trainmem sweep --method estimate does not use it (it trains nothing"),
     ("lr-batch-zero", ["estimate", *TINY, "--lr-batch", "0", *FAST], "--lr-batch: must be a whole number >= 1"),

@@ -146,6 +146,22 @@ def test_the_sweep_from_python_writes_the_rows_the_command_writes(tmp_path):
         Sweep([point], str(out), method="guess")
 
 
+def test_a_sweep_into_rows_already_there_needs_resume(tmp_path):
+    """Without --resume a sweep would append every point again after the rows an earlier one wrote: refused,
+    naming the file and both ways on. An empty file is no earlier sweep."""
+    from trainmem import Sweep
+
+    out = tmp_path / "sweep.jsonl"
+    out.write_text("")
+    assert Sweep(_tiny(1), str(out), method="estimate", estimator="analytic").run()["ok"] == 1
+    with pytest.raises(SetupError) as e:
+        Sweep(_tiny(1, 2), str(out), method="estimate", estimator="analytic")
+    assert e.value.problems == [f"--out: {out} already holds 1 line; a sweep without --resume would append its points "
+                                "again: add --resume to skip the points it holds, or pass a new --out"]
+    counts = Sweep(_tiny(1, 2), str(out), method="estimate", estimator="analytic", resume=True).run()
+    assert (counts["resumed"], counts["ok"]) == (1, 1) and len(_rows(out)) == 2
+
+
 def test_measure_without_cuda_estimates_and_says_so(tmp_path):
     out = tmp_path / "sweep.jsonl"
     p = subprocess.run(CLI + ["--model", "tiny-gpt-neox", "--seq-len", "16", "--method", "measure",

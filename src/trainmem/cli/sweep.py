@@ -1,8 +1,9 @@
 """Run or estimate a grid of setups, one result row per point, appended to a JSONL file as each finishes.
 
 Any setup flag of `trainmem run` may be a comma list (`--batch-size 4,8,16 --peft none,lora`); `--grid
-FILE.yaml` maps fields to lists; `--preset` names a known grid. Points already in `--out` are skipped with
-`--resume` (error rows too, unless `--retry-errors`), points whose estimate is far over `--gpu` unless `--force`.
+FILE.yaml` maps fields to lists; `--preset` names a known grid. An `--out` holding rows needs `--resume`, which
+skips the points it holds (error rows too, unless `--retry-errors`); points whose estimate is far over `--gpu`
+are skipped unless `--force`.
 One sweep at a time writes an `--out`; Ctrl-C or SIGTERM keeps the rows made.
 """
 
@@ -37,8 +38,8 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", default=None, help=f"{'|'.join(METHODS)} (default both with CUDA, estimate without)")
     options.add_estimator(p, "--estimator", "auto", ": how estimates are made (default auto)")
     p.add_argument("--out", default="trainmem-out/sweep.jsonl", metavar="FILE.jsonl",
-                   help="append each point's row here (default trainmem-out/sweep.jsonl)")
-    p.add_argument("--resume", action="store_true", help="skip points already in --out")
+                   help="append each point's row here (default trainmem-out/sweep.jsonl); one with rows needs --resume")
+    p.add_argument("--resume", action="store_true", help="skip points already in --out and append the others")
     p.add_argument("--retry-errors", action="store_true", help="with --resume: run again points whose row is an error")
     p.add_argument("--force", action="store_true", help="run points whose estimate is far over --gpu anyway")
 

@@ -236,6 +236,8 @@ class Sweep:
 
     def __post_init__(self) -> None:
         problems = out_problems(self.out)  # where the rows go: checked before any work
+        if not problems and not self.resume and Path(self.out).is_file() and Path(self.out).stat().st_size:
+            problems.append(self.not_empty())
         if self.retry_errors and not self.resume:
             problems.append("--retry-errors: reruns the error rows of a resumed sweep; add --resume")
         self.method = self.method or ("both" if self.cuda else "estimate")
@@ -244,6 +246,13 @@ class Sweep:
                      if value not in allowed]
         if problems:
             raise SetupError(problems)
+
+    def not_empty(self) -> str:
+        """The problem of a sweep without `resume` into an `out` that holds rows: it would append its points again."""
+        with open(self.out, "rb") as f:
+            lines = sum(1 for line in f if line.strip())
+        return (f"--out: {self.out} already holds {lines} line{'s' if lines != 1 else ''}; a sweep without --resume "
+                "would append its points again: add --resume to skip the points it holds, or pass a new --out")
 
     @cached_property
     def cuda(self) -> bool:
