@@ -1,7 +1,8 @@
 """Predict the memory of a setup on a CUDA GPU without one, and say whether it fits a card.
 
 Takes the setup flags of `trainmem run` (`--model` is required) but those only a training run uses (its engine,
-rank, steps and dummy data); `--method analytic|simulate|auto` picks how. The first line is the answer: whether it fits `--gpu` (or `--memory-cap`) and what to cut first.
+rank, steps and dummy data); `--method analytic|simulate|auto` picks how. The first line is the answer: whether
+it fits `--gpu` (or `--memory-cap`) and what to cut first.
 """
 
 from __future__ import annotations

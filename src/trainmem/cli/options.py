@@ -34,7 +34,8 @@ SETUP_FLAGS: dict[str, tuple[str, str]] = {
     "--lora-r": ("lora_r", "LoRA rank (default 8; with --peft lora or qlora)"),
     "--lora-alpha": ("lora_alpha", "LoRA alpha (default 32; with --peft lora or qlora)"),
     "--lora-dropout": ("lora_dropout", "LoRA dropout (default 0.05; with --peft lora or qlora)"),
-    "--lora-targets": ("lora_targets", "comma-separated module names (default: per architecture; with --peft lora or qlora)"),
+    "--lora-targets": ("lora_targets", "comma-separated module names (default: per architecture; with --peft lora "
+                       "or qlora)"),
     "--precision": ("precision", f"{'|'.join(PRECISIONS)} (default auto: checkpoint dtype on CUDA, fp32 on CPU)"),
     "--optimizer": ("optimizer", f"{'|'.join(OPTIMIZERS)} (default adamw)"),
     "--lr": ("lr", "learning rate (default 1e-4)"),
@@ -49,9 +50,10 @@ SETUP_FLAGS: dict[str, tuple[str, str]] = {
     "--gpu": ("gpu", "the card to fit (T4, A100-40GB, H100-80GB, ...); run emulates it: memory capped at its usable memory, "
              "its cuBLAS workspace and SDPA kernels (the host's context and timings stay the host's)"),
     "--memory-cap": ("memory_cap", "SIZE with its unit: 12GiB, 12.5GiB, 12000MiB, 12GB (KB/MB/GB/TB are powers of "
-                     "1000, KiB/MiB/GiB/TiB of 1024; a bare number is bytes and must be at least 1 MiB): run lets the allocator reserve at most SIZE; estimate judges "
-                     "the setup against a card of SIZE in total with the --gpu card's runtime figures (memory outside "
-                     "the allocator, kernels), else the H200's; with --gpu too, against the smaller"),
+                     "1000, KiB/MiB/GiB/TiB of 1024; a bare number is bytes and must be at least 1 MiB): run lets "
+                     "the allocator reserve at most SIZE; estimate judges the setup against a card of SIZE in total "
+                     "with the --gpu card's runtime figures (memory outside the allocator, kernels), else the H200's; "
+                     "with --gpu too, against the smaller"),
     "--seed": ("seed", "random seed (default 0)"),
     "--gpus": ("gpus", "data-parallel GPUs (default 1; run: CPU processes over gloo with --device cpu, or one rank with --rank)"),
     "--shard": ("shard", "none|ddp|zero1|zero2|zero3|fsdp: how states spread over --gpus N (N >= 2; one GPU only "

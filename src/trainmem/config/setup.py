@@ -247,11 +247,13 @@ class TrainSetup:
             out.append(f"--lora-targets: expected module names (e.g. q_proj,v_proj or all-linear), got "
                        f"{self.lora_targets!r}; leave it out for the defaults")
         elif self.peft == "none" and self.lora_targets:
-            out.append("--lora-targets: applies to --peft lora or qlora, and --peft is none; add --peft lora or drop --lora-targets")
+            out.append("--lora-targets: applies to --peft lora or qlora, and --peft is none; add --peft lora or drop "
+                       "--lora-targets")
         if not isinstance(self.lora_experts, bool):
             out.append(f"--lora-experts: must be true or false, got {self.lora_experts!r}")
         elif self.lora_experts and self.peft == "none":
-            out.append("--lora-experts: applies to --peft lora or qlora, and --peft is none; add --peft lora or drop --lora-experts")
+            out.append("--lora-experts: applies to --peft lora or qlora, and --peft is none; add --peft lora or drop "
+                       "--lora-experts")
         elif self.lora_experts and str(self.precision).startswith("amp"):
             out.append(f"--lora-experts: not modelled under autocast (--precision {self.precision}); use --precision "
                        "bf16 or fp16, or drop --lora-experts")

@@ -303,5 +303,5 @@ def load_setup(model: str | None = None, values: dict[str, Any] | None = None, c
     return spec, setup  # type: ignore[return-value]
 
 
-__all__ = ["KINDS", "parse_bytes", "bare_bytes", "convert", "read_training_arguments", "default_model", "load_setup", "NO_MODEL",
-           "LORA_VALUES", "lora_without_peft"]
+__all__ = ["KINDS", "parse_bytes", "bare_bytes", "convert", "read_training_arguments", "default_model", "load_setup",
+           "NO_MODEL", "LORA_VALUES", "lora_without_peft"]
