@@ -49,6 +49,10 @@ FILES: dict[str, str] = {
     "targets-ints.yaml": "model: tiny-gpt-neox\npeft: lora\nlora_targets: [1, 2]\n",
     "targets-empty.yaml": "model: tiny-gpt-neox\npeft: lora\nlora_targets: []\n",
     "cap-bool.yaml": "model: tiny-gpt-neox\nmemory_cap: true\n",
+    "lora-r-no-peft.yaml": "model: tiny-gpt-neox\nlora_r: 64\n",
+    "lora-r-peft-lora.yaml": "model: tiny-gpt-neox\npeft: lora\nlora_r: 64\n",
+    "cap-bare.yaml": "model: tiny-gpt-neox\nmemory_cap: 12\n",
+    "cap-bare-float.yaml": "model: tiny-gpt-neox\nmemory_cap: 12.5\n",
     "seq-neg.yaml": "model: tiny-gpt-neox\nseq_len: -5\n",
     "model-list.yaml": "model: [a, b]\n",
     "gpu-float.yaml": "model: tiny-gpt-neox\ngpu: 3.5\n",
@@ -106,6 +110,9 @@ FILES: dict[str, str] = {
                                                    "num_attention_heads": 2, "intermediate_size": 64}}),
     # --data
     "data.csv": "a,b\n",
+    # sweep --out
+    "old-rows.jsonl": '{"kind": "estimate"}\n\n{"kind": "estimate"}\n',
+    "empty-rows.jsonl": "",
     "locked.txt": "a line\n",
 }
 
@@ -198,6 +205,17 @@ REFUSED = [
      "--lora-targets: expected module names"),
     ("yaml-cap-bool", ["estimate", "--config", "{cap-bool.yaml}", *FAST],
      "--config: memory_cap in {cap-bool.yaml}: true is not a size"),
+    ("yaml-lora-r-without-peft", ["estimate", "--config", "{lora-r-no-peft.yaml}", *FAST],
+     "--config: lora_r in {lora-r-no-peft.yaml}: applies to --peft lora or qlora, and --peft is none; add --peft lora "
+     "or drop lora_r from the file"),
+    ("yaml-lora-r-flag-peft-none", ["estimate", "--config", "{lora-r-peft-lora.yaml}", "--peft", "none", *FAST],
+     "--config: lora_r in {lora-r-peft-lora.yaml}: applies to --peft lora or qlora, and --peft is none"),
+    ("yaml-cap-bare", ["estimate", "--config", "{cap-bare.yaml}", *FAST],
+     "--config: memory_cap in {cap-bare.yaml}: 12 has no unit, and as bytes it is less than 1 MiB; write the unit, "
+     "e.g. 12GiB"),
+    ("yaml-cap-bare-float", ["estimate", "--config", "{cap-bare-float.yaml}", *FAST],
+     "--config: memory_cap in {cap-bare-float.yaml}: 12.5 has no unit, and as bytes it is less than 1 MiB; write "
+     "the unit, e.g. 12.5GiB"),
     ("yaml-seq-neg", ["estimate", "--config", "{seq-neg.yaml}", *FAST], "--seq-len: must be a whole number >= 1"),
     ("yaml-model-list", ["estimate", "--config", "{model-list.yaml}", *FAST],
      "--config: model in {model-list.yaml}: expected a name, got ['a', 'b']"),
@@ -299,6 +317,17 @@ REFUSED = [
      "--lora-dropout: expected a finite number, got 'inf'"),
     ("lora-dropout-one", ["estimate", *TINY, "--peft", "lora", "--lora-dropout", "1", *FAST],
      "--lora-dropout: must be in [0, 1), got 1.0"),
+    ("lora-r-without-peft", ["estimate", *TINY, "--lora-r", "64", *FAST],
+     "--lora-r: applies to --peft lora or qlora, and --peft is none; add --peft lora or drop --lora-r"),
+    ("lora-alpha-peft-none", ["estimate", *TINY, "--peft", "none", "--lora-alpha", "16", *FAST],
+     "--lora-alpha: applies to --peft lora or qlora, and --peft is none; add --peft lora or drop --lora-alpha"),
+    ("lora-dropout-without-peft", ["run", *TINY, "--lora-dropout", "0", "--device", "cpu", "--no-isolate"],
+     "--lora-dropout: applies to --peft lora or qlora, and --peft is none; add --peft lora or drop --lora-dropout"),
+    ("lora-targets-without-peft", ["estimate", *TINY, "--lora-targets", "query_key_value", *FAST],
+     "--lora-targets: applies to --peft lora or qlora, and --peft is none; add --peft lora or drop --lora-targets"),
+    ("maxbatch-lora-r-without-peft", ["max-batch", *TINY, "--gpu", "T4", "--lora-r", "64"], "--lora-r: applies to"),
+    ("plan-lora-r-peft-not-searched", ["plan", *TINY, "--gpu", "T4", "--target-batch", "4", "--allow", "checkpointing",
+                                       "--lora-r", "16"], "--lora-r: applies to --peft lora or qlora"),
     ("lora-targets-empty", ["estimate", *TINY, "--peft", "lora", "--lora-targets", "", *FAST],
      "--lora-targets: expected module names"),
     ("lora-targets-unknown", ["estimate", *TINY, "--peft", "lora", "--lora-targets", "q_proj", *FAST],
@@ -310,9 +339,20 @@ REFUSED = [
     ("seq-zero", ["estimate", *TINY, "--seq-len", "0", *FAST], "--seq-len: must be a whole number >= 1, got 0"),
     ("seq-past-positions", ["estimate", *TINY, "--seq-len", "4096", *FAST], "--seq-len: 4096 is longer than tiny-gpt-neox's"),
     ("gpus-huge", ["estimate", *TINY, "--gpus", "9" * 20, "--shard", "fsdp", *FAST], "--gpus: " + "9" * 20 + " is out of range"),
+    ("shard-without-gpus", ["estimate", *TINY, "--shard", "fsdp", *FAST],
+     "--shard fsdp: needs --gpus N with N >= 2 (one GPU has nothing to spread states over); add --gpus 2 or more, "
+     "or drop --shard"),
+    ("shard-one-gpu", ["run", *TINY, "--gpus", "1", "--shard", "ddp", "--device", "cpu", "--no-isolate"],
+     "--shard ddp: needs --gpus N with N >= 2"),
     ("gpus-without-shard", ["estimate", *TINY, "--gpus", "2", *FAST], "--gpus 2: say how states are spread"),
-    ("seed-huge", ["estimate", *TINY, "--seed", "9" * 30, *FAST], "--seed: must be a whole number torch can seed with"),
-    ("cap-zero", ["estimate", *TINY, "--memory-cap", "0", *FAST], "--memory-cap: must be a positive number of bytes"),
+    ("seed-huge", ["run", *TINY, "--seed", "9" * 30, "--device", "cpu", "--no-isolate"],
+     "--seed: must be a whole number torch can seed with"),
+    ("cap-zero", ["estimate", *TINY, "--memory-cap", "0GiB", *FAST], "--memory-cap: must be a positive number of bytes"),
+    ("cap-bare", ["estimate", *TINY, "--memory-cap", "12", *FAST],
+     "--memory-cap: 12 has no unit, and as bytes it is less than 1 MiB; write the unit, e.g. 12GiB"),
+    ("cap-bare-mib", ["run", *TINY, "--memory-cap", "16000", "--device", "cpu", "--no-isolate"],
+     "--memory-cap: 16000 has no unit, and as bytes it is less than 1 MiB; write the unit, e.g. 16000MiB"),
+    ("cap-bare-zero", ["estimate", *TINY, "--memory-cap", "0", *FAST], "--memory-cap: 0 has no unit"),
     ("cap-nan", ["estimate", *TINY, "--memory-cap", "nanGiB", *FAST], "--memory-cap: 'nanGiB' is not a size"),
     ("cap-dots", ["estimate", *TINY, "--memory-cap", "1.2.3GiB", *FAST], "--memory-cap: '1.2.3GiB' is not a size"),
     ("cap-negative", ["estimate", *TINY, "--memory-cap=-5GiB", *FAST], "--memory-cap: '-5GiB' is not a size"),
@@ -332,9 +372,50 @@ REFUSED = [
     ("shard-unknown", ["estimate", *TINY, "--shard", "zero9", *FAST], "--shard: 'zero9' is not one of"),
     ("offload-without-shard", ["estimate", *TINY, "--offload", "params", "--shard", "zero2", *FAST],
      "--offload params: only ZeRO-3 and FSDP"),
-    ("rank-out-of-range", ["estimate", *TINY, "--rank", "5", "--gpus", "2", "--shard", "fsdp", *FAST],
+    ("rank-out-of-range", ["run", *TINY, "--rank", "5", "--gpus", "2", "--shard", "fsdp", "--device", "cpu"],
      "--rank 5: out of range for --gpus 2"),
-    ("rank-text", ["estimate", *TINY, "--rank", "x", "--gpus", "2", "--shard", "fsdp", *FAST], "--rank x: out of range"),
+    ("rank-text", ["run", *TINY, "--rank", "x", "--gpus", "2", "--shard", "fsdp", "--device", "cpu"],
+     "--rank x: out of range"),
+    # a flag the command does not use
+    ("estimate-engine", ["estimate", *TINY, "--engine", "trainer", *FAST],
+     "--engine: trainmem estimate does not use it (it trains nothing; --engine picks who trains in trainmem run); "
+     "drop it"),
+    ("estimate-rank", ["estimate", *TINY, "--rank", "1", "--gpus", "2", "--shard", "fsdp", *FAST],
+     "--rank: trainmem estimate does not use it (it predicts rank 0 of --gpus N --shard fsdp; --rank picks the rank "
+     "trainmem run measures); drop it"),
+    ("estimate-steps", ["estimate", *TINY, "--steps", "10", *FAST], "--steps: trainmem estimate does not use it"),
+    ("estimate-num-samples", ["estimate", *TINY, "--num-samples", "8", *FAST],
+     "--num-samples: trainmem estimate does not use it"),
+    ("maxbatch-batch-size", ["max-batch", *TINY, "--gpu", "T4", "--batch-size", "8"],
+     "--batch-size: trainmem max-batch does not use it (it searches the micro-batch; --target-batch N adds the "
+     "accumulation for an effective batch); drop it"),
+    ("maxbatch-memory-cap", ["max-batch", *TINY, "--gpu", "T4", "--memory-cap", "8GiB"],
+     "--memory-cap: trainmem max-batch does not use it (it fits the --gpu card, less --margin); drop it"),
+    ("plan-steps", ["plan", *TINY, "--gpu", "T4", "--target-batch", "4", "--steps", "5"],
+     "--steps: trainmem plan does not use it (it estimates the steady step, and --confirm runs 8 steps); drop it"),
+    ("plan-memory-cap", ["plan", *TINY, "--gpu", "T4", "--target-batch", "4", "--memory-cap", "8GiB"],
+     "--memory-cap: trainmem plan does not use it"),
+    ("verify-batch-size", ["verify-accumulation", "--batch-size", "4"],
+     "--batch-size: trainmem verify-accumulation does not use it (--full-batch and --micro-batch set its batches); "
+     "drop it"),
+    ("verify-precision", ["verify-accumulation", "--precision", "bf16"],
+     "--precision: trainmem verify-accumulation does not use it (--dtype sets the weights' dtype); drop it"),
+    ("verify-optimizer", ["verify-accumulation", "--optimizer", "sgd"],
+     "--optimizer: trainmem verify-accumulation does not use it (it compares gradients and takes no optimizer step)"),
+    ("verify-gpus", ["verify-accumulation", "--gpus", "2", "--shard", "ddp"], "--gpus: trainmem verify-accumulation "
+     "does not use it (it compares one process's gradients); drop it"),
+    ("sweep-empty-item", ["sweep", *TINY, "--batch-size", "2,,4", "--out", "{folder}/x.jsonl"],
+     "--batch-size: '2,,4' has an empty item (item 2 of 3); put one value between commas, e.g. 2,4"),
+    ("sweep-empty-value", ["sweep", *TINY, "--batch-size", "", "--out", "{folder}/x.jsonl"],
+     "point 1 (model=tiny-gpt-neox, batch_size=): --batch-size: expected a whole number, got ''"),
+    ("lora-targets-empty-item", ["estimate", *TINY, "--peft", "lora", "--lora-targets", "query_key_value,,dense", *FAST],
+     "--lora-targets: 'query_key_value,,dense' has an empty item; put one module name between commas, e.g. "
+     "query_key_value,dense"),
+    ("sweep-out-not-empty", ["sweep", *TINY, "--method", "estimate", "--out", "{old-rows.jsonl}"],
+     "--out: {old-rows.jsonl} already holds 2 lines; a sweep without --resume would append its points again: add "
+     "--resume to skip the points it holds, or pass a new --out"),
+    ("sweep-estimate-engine", ["sweep", *TINY, "--method", "estimate", "--engine", "trainer", "--out", "{folder}/x.jsonl"],
+     "--engine: trainmem sweep --method estimate does not use it (it trains nothing"),
     ("lr-batch-zero", ["estimate", *TINY, "--lr-batch", "0", *FAST], "--lr-batch: must be a whole number >= 1"),
     ("method-unknown", ["estimate", *TINY, "--method", "guess"], "--method: 'guess' is not one of"),
     ("data-folder", ["estimate", *TINY, "--data", "{folder}", *FAST], "--data: '{folder}' is a folder"),
@@ -512,6 +593,18 @@ def test_memory_cap_gives_a_verdict(capsys):
     assert row["verdict"]["gpu"] == "T4"
     code, out, _ = cli(capsys, ["estimate", *TINY, "--memory-cap", "1MiB", *FAST])
     assert out.startswith("does not fit the 1 MiB cap (with the H200's runtime figures): needs")
+    # the forms --help gives, and a bare number of bytes (as a row records the cap)
+    for text, size in (("12.5GiB", int(12.5 * 2**30)), ("12000MiB", 12000 * 2**20), ("12GB", 12 * 10**9),
+                       ("12gib", 12 * 2**30), (str(12 * 2**30), 12 * 2**30)):
+        assert estimate_json(capsys, [*TINY, "--memory-cap", text, *FAST])["verdict"]["capacity"] == size, text
+
+
+def test_memory_cap_in_a_file_takes_the_same_forms(capsys, tmp_path):
+    for value, size in (('"12GiB"', 12 * 2**30), ("12.5GiB", int(12.5 * 2**30)), (str(12 * 2**30), 12 * 2**30)):
+        path = tmp_path / "cap.yaml"
+        path.write_text(f"model: tiny-gpt-neox\nmemory_cap: {value}\n")
+        row = estimate_json(capsys, ["--config", str(path), *FAST])
+        assert row["setup"]["memory_cap"] == row["verdict"]["capacity"] == size, value
 
 
 def test_repeated_notes_are_hidden_unless_verbose(capsys):
@@ -643,6 +736,50 @@ def test_every_flag_mistyped(capsys, flag):
         assert "NaN" not in out and "Infinity" not in out
 
 
+def test_a_command_offers_only_the_flags_it_uses(capsys, paths, tmp_path):
+    """Flags a command does not use are not in its --help, and given anyway they are refused with the command's
+    other problems; the same fields in a --config file are taken (one file serves run and estimate alike)."""
+    from trainmem.cli.options import NOT_USED, SETUP_FLAGS
+
+    flags = {name: flag for flag, (name, _) in SETUP_FLAGS.items()}
+    for command, unused in NOT_USED.items():
+        _, out, _ = cli(capsys, [command, "--help"])
+        offered = re.findall(r"^\s+(--[a-z-]+)", out, re.M) + re.findall(r"\[(--[a-z-]+)", out)
+        assert offered and not [flags[n] for n in unused if flags[n] in offered], command
+    _, out, _ = cli(capsys, ["run", "--help"])
+    assert all(re.search(rf"^\s+{flag} X", out, re.M) for flag in SETUP_FLAGS)
+    code, _, err = cli(capsys, ["estimate", *TINY, "--engine", "trainer", "--rank", "1", "--lr", "0", *FAST])
+    assert code == 2 and [p.split(":")[0] for p in problem_lines(err, "estimate")] == ["--engine", "--rank", "--lr"]
+    config = tmp_path / "run.yaml"
+    config.write_text("model: tiny-gpt-neox\nengine: trainer\nsteps: 5\nseed: 3\n")
+    assert estimate_json(capsys, ["--config", str(config), *FAST])["setup"]["engine"] == "trainer"
+    code, out, err = cli(capsys, ["sweep", *TINY, "--method", "estimate", "--estimator", "analytic", "--out",
+                                  str(tmp_path / "rows.jsonl"), "--device", "cpu", "--batch-size", "1"])
+    assert code == 0, err
+
+
+def test_one_gpu_shards_only_to_offload(capsys):
+    """Sharding over one GPU changes nothing and is refused; offloading from one GPU (ZeRO-Offload) is a use."""
+    row = estimate_json(capsys, [*TINY, "--shard", "zero2", "--offload", "optimizer", *FAST])
+    assert (row["setup"]["gpus"], row["setup"]["shard"], row["setup"]["offload"]) == (1, "zero2", "optimizer")
+
+
+def test_lora_values_count_only_where_given(capsys, paths):
+    """LoRA's defaults (r 8, alpha 32, dropout 0.05) never make --peft none a problem; values given do, from a flag
+    or a file; a bad --peft is reported alone, not with the LoRA values it would have used; a plan that may switch
+    LoRA on (--allow peft) takes them for its LoRA options."""
+    assert estimate_json(capsys, [*TINY, "--peft", "none", *FAST])["setup"]["lora_r"] == 8
+    row = estimate_json(capsys, ["--config", paths["lora-r-peft-lora.yaml"], *FAST])
+    assert (row["setup"]["peft"], row["setup"]["lora_r"]) == ("lora", 64)
+    code, _, err = cli(capsys, ["estimate", *TINY, "--peft", "adapter", "--lora-r", "64", *FAST])
+    assert code == 2 and problem_lines(err, "estimate") == ["--peft: 'adapter' is not one of none, lora, qlora"]
+    code, out, err = cli(capsys, ["plan", *TINY, "--gpu", "T4", "--target-batch", "4", "--allow", "peft",
+                                  "--lora-r", "16", "--finalists", "0", "--json"])
+    assert code == 0, err
+    options = json.loads(out)["options"]
+    assert {o["setup"]["lora_r"] for o in options if o["setup"]["peft"] != "none"} == {16}
+
+
 def test_tight_says_what_to_cut_and_fits_does_not():
     from trainmem.output.render import headline
     from trainmem.result import Result
@@ -660,7 +797,7 @@ def test_tight_says_what_to_cut_and_fits_does_not():
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--model", "tiny-olmoe", "--lora-experts"], "--lora-experts: given with --peft none"),
+    (["--model", "tiny-olmoe", "--lora-experts"], "--lora-experts: applies to --peft lora or qlora, and --peft is none"),
     (["--model", "tiny-olmoe", "--peft", "lora", "--lora-experts"], "add --lora-dropout 0"),
     (["--model", "tiny-olmoe", "--peft", "lora", "--lora-experts", "--lora-dropout", "0", "--precision", "amp-bf16"],
      "not modelled under autocast"),

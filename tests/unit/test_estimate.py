@@ -405,6 +405,59 @@ def test_qlora_says_which_weights_stay_unquantized_and_advises_lora(tmp_path):
     assert advice("weights", "qlora", True) == UNQUANTIZED_ADVICE and "already 4-bit" in advice("weights", "qlora")
 
 
+def test_advice_suggests_only_what_the_setup_does_not_do_and_what_lowers_the_part():
+    """The first cut never names a flag or value the setup already has (--checkpointing on, adamw-8bit set, FSDP
+    already sharding the weights), nor a change that leaves the part as it is: adamw-fused saves only foreach
+    AdamW's step copies, so only at an optimizer-step peak that they mostly make; a smaller batch shrinks the
+    logits, which are not alive at the optimizer step; 8-bit AdamW is no saving over SGD or Adafactor."""
+    from trainmem.estimator.breakdown import ADAPTERS_ADVICE, ADVICE, advice
+
+    plain = dict(batch_size=4, checkpointing=False, optimizer="adamw", shard="none", gpus=1)
+    for cut in ADVICE:  # a setup that does none of it gets the whole advice
+        for peft in ("none", "lora"):
+            assert advice(cut, peft, setup=plain, phase="optimizer step" if cut == "optimizer" else None) == \
+                advice(cut, peft), (cut, peft)
+    ckpt = {**plain, "checkpointing": True}
+    assert advice("activations", "none", setup=ckpt, phase="forward/backward") == (
+        "activations: lower --batch-size (raise --grad-accum to keep the effective batch)")
+    assert advice("activations", "lora", setup={**ckpt, "batch_size": 1}, phase="forward/backward") == (
+        "activations: a shorter --seq-len (already checkpointed, at batch 1)")
+    for optimizer in ("adamw-8bit", "adafactor", "sgd"):
+        assert advice("optimizer", "none", setup={**plain, "optimizer": optimizer}, phase="optimizer step") == (
+            "optimizer states: train adapters only with --peft lora")
+    assert advice("optimizer", "lora", setup={**plain, "optimizer": "adamw-8bit"}, phase="optimizer step") == (
+        "optimizer states: only the adapters have states; a lower --lora-r or fewer --lora-targets")
+    assert advice("optimizer", "lora", setup=plain, phase="optimizer step") == ADAPTERS_ADVICE["optimizer"]
+    fused = "--optimizer adamw-fused"
+    assert advice("other", "none", setup=plain, phase="optimizer step", foreach_share=0.9) == (
+        "temporaries: --optimizer adamw-fused (no foreach copies at the step)")
+    assert advice("other", "none", setup=plain, phase="forward/backward", foreach_share=0.9) == (
+        "temporaries: for large vocabularies, a smaller --batch-size")
+    assert fused not in advice("other", "lora", setup=plain, phase="optimizer step", foreach_share=0.01)
+    assert fused not in advice("other", "none", setup={**plain, "optimizer": "adamw-fused"}, phase="optimizer step")
+    assert fused not in advice("other", "none", setup={**plain, "optimizer": "adamw-8bit"}, phase="optimizer step")
+    assert advice("other", "none", setup={**plain, "batch_size": 1}, phase="forward/backward") == (
+        "temporaries: the logits and their gradients; a shorter --seq-len")
+    sharded = {**plain, "shard": "fsdp", "gpus": 2}
+    for unquantized in (False, True):
+        said = advice("weights", "qlora", unquantized, sharded, "optimizer step")
+        assert "--shard fsdp" not in said and "spread it over more than --gpus 2" in said
+
+
+def test_the_estimate_advises_from_its_own_setup():
+    """End to end: a checkpointed LoRA setup whose peak is its logits (tiny-llama's 32k vocabulary) was told
+    adamw-fused, which changes nothing there; full fine-tuning whose largest part is the states of the adamw-8bit
+    it already has was told adamw-8bit."""
+    lora = estimate("tiny-llama", TrainSetup(peft="lora", batch_size=8, seq_len=256, checkpointing=True), "analytic")
+    v = lora.verdict("T4")
+    assert (lora.peak_phase, v["cut_first"]) == ("forward/backward", "other")
+    assert v["advice"] == "temporaries: for large vocabularies, a smaller --batch-size"
+    eight_bit = estimate("polyglot-ko-1.3b", TrainSetup(batch_size=1, seq_len=32, precision="fp16",
+                                                        optimizer="adamw-8bit"), "analytic").verdict("T4")
+    assert eight_bit["cut_first"] == "optimizer"
+    assert eight_bit["advice"] == "optimizer states: train adapters only with --peft lora"
+
+
 def test_a_mixture_of_experts_shows_its_experts_weights_apart():
     """Every expert is held whichever the tokens pick: the breakdown gives the fused experts' bytes apart, the
     terminal as a row under the weights; a dense model has no such row."""

@@ -28,7 +28,8 @@ def test_all_problems_reported_at_once():
 
 def test_contradictory_and_missing_data_flags(tmp_path):
     problems = TrainSetup(lora_targets=["q_proj"], data_mode="pack").problems()
-    assert any("--lora-targets: given with --peft none" in p for p in problems)
+    assert "--lora-targets: applies to --peft lora or qlora, and --peft is none; add --peft lora or drop --lora-targets" \
+        in problems
     assert any("--data-mode: only applies to --data" in p for p in problems)
     problems = TrainSetup(data=str(tmp_path / "missing.txt")).problems()
     assert problems == [f"--data: no such file {str(tmp_path / 'missing.txt')!r}"]
@@ -58,9 +59,16 @@ def test_gpu_catalog_and_cap():
 
 
 def test_parse_bytes():
-    assert parse_bytes("12GiB") == 12 * 2**30
-    assert parse_bytes("300MB") == 300 * 10**6
-    assert parse_bytes("4096") == 4096
+    assert parse_bytes("12GiB") == parse_bytes("12gib") == 12 * 2**30
+    assert parse_bytes("12.5GiB") == int(12.5 * 2**30)
+    assert parse_bytes("12000MiB") == 12000 * 2**20
+    assert parse_bytes("12GB") == 12 * 10**9 and parse_bytes("300MB") == 300 * 10**6
+    assert parse_bytes("4096B") == 4096  # bytes, said so
+    assert parse_bytes("12884901888") == 12 * 2**30  # a bare number is bytes from 1 MiB up
+    for bare, example in (("12", "12GiB"), ("12.5", "12.5GiB"), ("16000", "16000MiB"), ("0", "12GiB")):
+        with pytest.raises(ValueError, match=rf"^{bare} has no unit, and as bytes it is less than 1 MiB; write the "
+                                             rf"unit, e\.g\. {example}$"):
+            parse_bytes(bare)
     with pytest.raises(ValueError, match="not a size"):
         parse_bytes("lots")
 

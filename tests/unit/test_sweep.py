@@ -24,6 +24,18 @@ def test_comma_lists_expand_last_axis_fastest():
                           {"batch_size": "8", "peft": "none"}]
 
 
+def test_an_empty_item_of_a_comma_list_is_named_not_dropped():
+    with pytest.raises(SetupError) as e:
+        axes({"batch_size": "2,,4", "seq_len": "16,32,", "peft": "lora"})
+    assert e.value.problems == [
+        "--batch-size: '2,,4' has an empty item (item 2 of 3); put one value between commas, e.g. 2,4",
+        "--seq-len: '16,32,' has an empty item (item 3 of 3); put one value between commas, e.g. 16,32"]
+    problems: list[str] = []  # given a list, the axis is left out and the rest is checked
+    assert axes({"batch_size": "2,,4", "peft": " none , lora"}, problems=problems) == {"peft": ["none", "lora"]}
+    assert len(problems) == 1 and problems[0].startswith("--batch-size: '2,,4' has an empty item")
+    assert axes({"batch_size": ""}) == {"batch_size": [""]}  # no comma: one value, which validation refuses
+
+
 def test_yaml_grid_and_flags_combine_and_resolve(tmp_path):
     grid = tmp_path / "grid.yaml"
     grid.write_text("batch-size: [1, 2]\ncheckpointing: [false, true]\nprecision: fp32\n")
@@ -49,6 +61,25 @@ def test_grid_conflicts_and_bad_values_are_reported_together(tmp_path):
         resolve(points)
     assert any("--batch-size: expected a whole number, got 'x'" in p for p in e.value.problems)
     assert sum("--peft: 'full' is not one of" in p for p in e.value.problems) == 2
+
+
+def test_lora_values_of_a_grid_are_for_its_lora_points():
+    """`--peft none,lora --lora-r 8,16`: the LoRA points take each rank, the full fine-tuning point is made once
+    with none; LoRA values where no point has LoRA are refused, naming the flag."""
+    points = expand({"model": ["tiny-llama"], "peft": ["none", "lora"], "lora_r": ["8", "16"], "lora_dropout": ["0"]})
+    resolved = [s for _, s in resolve(points)]
+    assert [(s.peft, s.lora_r, s.lora_dropout) for s in resolved] == [("none", 8, 0.05), ("lora", 8, 0.0),
+                                                                      ("lora", 16, 0.0)]
+    with pytest.raises(SetupError) as e:
+        resolve(expand({"model": ["tiny-llama"], "peft": ["none"], "lora_r": ["8", "16"]}))
+    assert e.value.problems == ["--lora-r: applies to --peft lora or qlora, and no point of the sweep has one; add "
+                                "lora to --peft or drop --lora-r"]
+    with pytest.raises(SetupError) as e:  # no --peft axis: each point is a setup like any other
+        resolve(expand({"model": ["tiny-llama"], "lora_alpha": ["16"]}))
+    assert e.value.problems == ["point 1 (model=tiny-llama, lora_alpha=16): --lora-alpha: applies to --peft lora or "
+                                "qlora, and --peft is none; add --peft lora or drop --lora-alpha"]
+    chapter = resolve(expand({"lora_r": ["16"]}, preset_points("chapter")))
+    assert [(s.peft, s.lora_r) for _, s in chapter][-3:] == [("none", 8), ("lora", 16), ("qlora", 16)]
 
 
 def test_chapter_preset_is_the_seven_runs():
@@ -113,6 +144,22 @@ def test_the_sweep_from_python_writes_the_rows_the_command_writes(tmp_path):
     assert row == cli_row
     with pytest.raises(SetupError, match="--method: 'guess' is not one of"):
         Sweep([point], str(out), method="guess")
+
+
+def test_a_sweep_into_rows_already_there_needs_resume(tmp_path):
+    """Without --resume a sweep would append every point again after the rows an earlier one wrote: refused,
+    naming the file and both ways on. An empty file is no earlier sweep."""
+    from trainmem import Sweep
+
+    out = tmp_path / "sweep.jsonl"
+    out.write_text("")
+    assert Sweep(_tiny(1), str(out), method="estimate", estimator="analytic").run()["ok"] == 1
+    with pytest.raises(SetupError) as e:
+        Sweep(_tiny(1, 2), str(out), method="estimate", estimator="analytic")
+    assert e.value.problems == [f"--out: {out} already holds 1 line; a sweep without --resume would append its points "
+                                "again: add --resume to skip the points it holds, or pass a new --out"]
+    counts = Sweep(_tiny(1, 2), str(out), method="estimate", estimator="analytic", resume=True).run()
+    assert (counts["resumed"], counts["ok"]) == (1, 1) and len(_rows(out)) == 2
 
 
 def test_measure_without_cuda_estimates_and_says_so(tmp_path):

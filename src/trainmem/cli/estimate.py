@@ -1,7 +1,8 @@
 """Predict the memory of a setup on a CUDA GPU without one, and say whether it fits a card.
 
-Takes exactly the setup flags of `trainmem run` (`--model` is required); `--method analytic|simulate|auto`
-picks how. The first line is the answer: whether it fits `--gpu` (or `--memory-cap`) and what to cut first.
+Takes the setup flags of `trainmem run` (`--model` is required) but those only a training run uses (its engine,
+rank, steps and dummy data); `--method analytic|simulate|auto` picks how. The first line is the answer: whether
+it fits `--gpu` (or `--memory-cap`) and what to cut first.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from . import options
 
 
 def register(p: argparse.ArgumentParser) -> None:
-    options.add_setup_arguments(p, model_required=True)
+    options.add_setup_arguments(p, model_required=True, command="estimate")
     options.add_estimator(p, "--method", "auto", " (default auto: simulate where it models the setup, analytic otherwise)")
     options.add_margin(p)
     options.add_output(p, "the result object")

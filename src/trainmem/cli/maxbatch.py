@@ -1,8 +1,9 @@
 """Find the largest micro-batch that fits a card: searched on the estimate, confirmed with few real runs.
 
-Takes the setup flags of `trainmem run` and `--gpu NAME` (required). With CUDA, the estimate's answer is
-confirmed by real runs (the predicted batch and the next one when the estimate is right, a Newton step on
-the measured bytes when it is not; see `trainmem.search.maxbatch`); without, the answer is the estimate's.
+Takes the setup flags of `trainmem run` but --batch-size (searched) and --memory-cap, and `--gpu NAME`
+(required). With CUDA, the estimate's answer is confirmed by real runs (the predicted batch and the next one
+when the estimate is right, a Newton step on the measured bytes when it is not; see `trainmem.search.maxbatch`);
+without, the answer is the estimate's.
 `--target-batch N` adds the accumulation that reaches N samples a step.
 """
 
@@ -21,7 +22,7 @@ from . import options
 
 
 def register(p: argparse.ArgumentParser) -> None:
-    options.add_setup_arguments(p)
+    options.add_setup_arguments(p, command="max-batch")
     p.add_argument("--target-batch", metavar="N", help="the effective batch to reach with accumulation")
     options.add_margin(p)
     options.add_estimator(p, "--estimator", "auto", ": the estimate searched (default auto: analytic to find "

@@ -31,10 +31,11 @@ SETUP_FLAGS: dict[str, tuple[str, str]] = {
     "--grad-accum": ("grad_accum", "gradient accumulation steps (default 1)"),
     "--seq-len": ("seq_len", "sequence length (default 256)"),
     "--peft": ("peft", f"{'|'.join(PEFTS)} (default none)"),
-    "--lora-r": ("lora_r", "LoRA rank (default 8)"),
-    "--lora-alpha": ("lora_alpha", "LoRA alpha (default 32)"),
-    "--lora-dropout": ("lora_dropout", "LoRA dropout (default 0.05)"),
-    "--lora-targets": ("lora_targets", "comma-separated module names (default: per architecture)"),
+    "--lora-r": ("lora_r", "LoRA rank (default 8; with --peft lora or qlora)"),
+    "--lora-alpha": ("lora_alpha", "LoRA alpha (default 32; with --peft lora or qlora)"),
+    "--lora-dropout": ("lora_dropout", "LoRA dropout (default 0.05; with --peft lora or qlora)"),
+    "--lora-targets": ("lora_targets", "comma-separated module names (default: per architecture; with --peft lora "
+                       "or qlora)"),
     "--precision": ("precision", f"{'|'.join(PRECISIONS)} (default auto: checkpoint dtype on CUDA, fp32 on CPU)"),
     "--optimizer": ("optimizer", f"{'|'.join(OPTIMIZERS)} (default adamw)"),
     "--lr": ("lr", "learning rate (default 1e-4)"),
@@ -48,12 +49,15 @@ SETUP_FLAGS: dict[str, tuple[str, str]] = {
     "--device": ("device", "auto | cuda | cpu"),
     "--gpu": ("gpu", "the card to fit (T4, A100-40GB, H100-80GB, ...); run emulates it: memory capped at its usable memory, "
              "its cuBLAS workspace and SDPA kernels (the host's context and timings stay the host's)"),
-    "--memory-cap": ("memory_cap", "SIZE, e.g. 12GiB: run lets the allocator reserve at most SIZE; estimate judges "
-                     "the setup against a card of SIZE in total with the --gpu card's runtime figures (memory outside "
-                     "the allocator, kernels), else the H200's; with --gpu too, against the smaller"),
+    "--memory-cap": ("memory_cap", "SIZE with its unit: 12GiB, 12.5GiB, 12000MiB, 12GB (KB/MB/GB/TB are powers of "
+                     "1000, KiB/MiB/GiB/TiB of 1024; a bare number is bytes and must be at least 1 MiB): run lets "
+                     "the allocator reserve at most SIZE; estimate judges the setup against a card of SIZE in total "
+                     "with the --gpu card's runtime figures (memory outside the allocator, kernels), else the H200's; "
+                     "with --gpu too, against the smaller"),
     "--seed": ("seed", "random seed (default 0)"),
     "--gpus": ("gpus", "data-parallel GPUs (default 1; run: CPU processes over gloo with --device cpu, or one rank with --rank)"),
-    "--shard": ("shard", "none|ddp|zero1|zero2|zero3|fsdp: how states spread over --gpus (run: ddp, fsdp; estimate simulates fsdp)"),
+    "--shard": ("shard", "none|ddp|zero1|zero2|zero3|fsdp: how states spread over --gpus N (N >= 2; one GPU only "
+              "with --offload); run: ddp, fsdp; estimate simulates fsdp"),
     "--rank": ("rank", "R|all: measure rank R (or each in turn) of the --gpus N --shard fsdp run in one "
                "process through PyTorch's fake process group (default on CUDA: rank 0)"),
     "--offload": ("offload", "none|optimizer|params: ZeRO/FSDP offload to CPU memory (estimate)"),
@@ -63,10 +67,46 @@ SETUP_FLAGS: dict[str, tuple[str, str]] = {
 ALIASES = {"--grad-accum": ["--gradient-accumulation-steps"], "--checkpointing": ["--gradient-checkpointing"]}
 FIELDS = [name for name, _ in SETUP_FLAGS.values()]
 
+_NO_STEP = "it compares gradients and takes no optimizer step"
+_ONE_PROCESS = "it compares one process's gradients"
+_NOT_MEMORY = "it checks gradients, not memory"
+NOT_USED: dict[str, dict[str, str]] = {
+    "estimate": {
+        "engine": "it trains nothing; --engine picks who trains in trainmem run",
+        "rank": "it predicts rank 0 of --gpus N --shard fsdp; --rank picks the rank trainmem run measures",
+        "steps": "it models the steady step, whatever the run's length",
+        "seed": "random weights and data take the same memory whatever their seed",
+        "labels": "the labels' values take no memory of their own",
+        "num_samples": "it models one optimizer step, not a pass over the dummy data",
+    },
+    "max-batch": {
+        "batch_size": "it searches the micro-batch; --target-batch N adds the accumulation for an effective batch",
+        "memory_cap": "it fits the --gpu card, less --margin",
+    },
+    "plan": {
+        "steps": "it estimates the steady step, and --confirm runs 8 steps",
+        "memory_cap": "it fits the --gpu card, less --margin",
+    },
+    "verify-accumulation": {
+        "batch_size": "--full-batch and --micro-batch set its batches",
+        "grad_accum": "--full-batch and --micro-batch set its batches",
+        "precision": "--dtype sets the weights' dtype",
+        "optimizer": _NO_STEP, "lr": _NO_STEP, "lr_batch": _NO_STEP, "steps": _NO_STEP,
+        "gpu": _NOT_MEMORY, "memory_cap": _NOT_MEMORY,
+        "gpus": _ONE_PROCESS, "shard": _ONE_PROCESS, "rank": _ONE_PROCESS, "offload": _ONE_PROCESS,
+        "engine": "it runs its own forward and backward passes",
+    },
+}
+"""Setup flags a command takes no notice of, and why: given, each is a problem naming it (never silently unused);
+hidden from the command's --help. A --config file may hold these fields: one file serves every command."""
 
-def add_setup_arguments(p: argparse.ArgumentParser, model_required: bool = False) -> None:
+
+def add_setup_arguments(p: argparse.ArgumentParser, model_required: bool = False, command: str | None = None) -> None:
     """`--model`, `--config`, `--training-args` and one flag per setup field, all read as text. `model_required`:
-    the help says so (the check is `load_setup`'s, with the other problems)."""
+    the help says so (the check is `load_setup`'s, with the other problems). `command`: its `NOT_USED` flags are
+    refused when given (`not_used`) and left out of its help."""
+    unused = NOT_USED.get(command or "", {})
+    p.set_defaults(not_used=(command, unused))
     default = ("required, or `model:` in --config" if model_required else
                "default: EleutherAI/polyglot-ko-1.3b on a GPU, tiny-gpt-neox on the CPU")
     p.add_argument("--model", default=None,
@@ -76,8 +116,9 @@ def add_setup_arguments(p: argparse.ArgumentParser, model_required: bool = False
     p.add_argument("--training-args", default=None, metavar="FILE.json",
                    help="TrainingArguments fields as JSON (args.to_json_string()): batch, accumulation, "
                         "checkpointing, bf16/fp16, optim, learning rate, seed, max_steps")
-    for flag, (_, help_) in SETUP_FLAGS.items():
-        p.add_argument(flag, *ALIASES.get(flag, []), default=None, metavar="X", help=help_)
+    for flag, (name, help_) in SETUP_FLAGS.items():
+        p.add_argument(flag, *ALIASES.get(flag, []), default=None, metavar="X",
+                       help=argparse.SUPPRESS if name in unused else help_)
     p.add_argument("--checkpointing", *ALIASES["--checkpointing"], action="store_true", default=None,
                    help="gradient checkpointing")
     p.add_argument("--lora-experts", action="store_true", default=None,
@@ -104,13 +145,24 @@ def add_output(p: argparse.ArgumentParser, what: str, out_default: str | None = 
 
 
 def given_values(args: argparse.Namespace) -> dict[str, object]:
-    """The setup flags given on the command line, field -> text (`checkpointing` -> True)."""
+    """The setup flags given on the command line, field -> text (`checkpointing` -> True); not those the command
+    does not use (`not_used` reports them)."""
     values: dict[str, object] = {name: getattr(args, name, None) for name in FIELDS}
     if getattr(args, "checkpointing", None):
         values["checkpointing"] = True
     if getattr(args, "lora_experts", None):
         values["lora_experts"] = True
-    return {k: v for k, v in values.items() if v is not None}
+    unused = getattr(args, "not_used", (None, {}))[1]
+    return {k: v for k, v in values.items() if v is not None and k not in unused}
+
+
+def not_used(args: argparse.Namespace, command: str | None = None, unused: dict[str, str] | None = None) -> list[str]:
+    """One problem per setup flag given that the command does not use (`NOT_USED`, or `unused` for `command`)."""
+    if unused is None:
+        command, unused = getattr(args, "not_used", (None, {}))
+    flags = {name: flag for flag, (name, _) in SETUP_FLAGS.items()}
+    return [f"{flags[name]}: trainmem {command} does not use it ({why}); drop it"
+            for name, why in (unused or {}).items() if getattr(args, name, None) is not None]
 
 
 def margin(args: argparse.Namespace, problems: list[str]) -> float:
@@ -125,19 +177,22 @@ def margin(args: argparse.Namespace, problems: list[str]) -> float:
 
 
 def setup_from_args(args: argparse.Namespace, problems: list[str] | None = None,
-                    default: Callable[[], str] | None = default_model) -> tuple[ModelSpec, TrainSetup]:
+                    default: Callable[[], str] | None = default_model,
+                    peft_searched: bool = False) -> tuple[ModelSpec, TrainSetup]:
     """Spec and validated setup from parsed flags; raises one SetupError with every problem, `problems`
     (the command's own options) included. `default`: the model where neither --model nor --config names one
-    (None: a problem); `args.default_model` says whether it was taken."""
+    (None: a problem); `args.default_model` says whether it was taken. `peft_searched`: LoRA values given with
+    `--peft none` are for the LoRA setups the command searches (`load_setup`)."""
     taken: list[str] = []
 
     def fallback() -> str:
         taken.append(default())  # type: ignore[misc]
         return taken[-1]
 
+    problems = [*not_used(args), *(problems or [])]
     try:
         return load_setup(args.model, given_values(args), args.config, getattr(args, "training_args", None),
-                          problems, fallback if default is not None else None)
+                          problems, fallback if default is not None else None, peft_searched)
     finally:
         args.default_model = taken[-1] if taken else None
 

@@ -22,7 +22,7 @@ from .plan_flags import read_flags
 
 
 def register(p: argparse.ArgumentParser) -> None:
-    options.add_setup_arguments(p)
+    options.add_setup_arguments(p, command="plan")
     p.add_argument("--target-batch", metavar="N", help="the effective batch (samples per optimizer step) to reach exactly")
     p.add_argument("--preset", help="chapter: the tutorial chapter trainmem grew from: polyglot-ko-1.3b fine-tuned on "
                    "a T4 (sequence 256, fp16, effective batch 16, with peft and checkpointing allowed)")
@@ -44,7 +44,8 @@ def register(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     wanted, flags = read_flags(vars(args))  # with the preset's flags and, with CUDA, --gpu this card
-    spec, base = options.setup_from_args(argparse.Namespace(**flags), default=None)
+    spec, base = options.setup_from_args(argparse.Namespace(**flags), default=None,
+                                         peft_searched="peft" in wanted["allow"])  # LoRA values: its LoRA options
     console = plan_console(stderr=args.json)
     plan = make_plan(spec, base, **wanted, searching=lambda text: console.status(escape(text)),
                      confirmed=lambda setup, entry: print_confirmed(setup, entry, console))

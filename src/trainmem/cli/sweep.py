@@ -1,8 +1,9 @@
 """Run or estimate a grid of setups, one result row per point, appended to a JSONL file as each finishes.
 
 Any setup flag of `trainmem run` may be a comma list (`--batch-size 4,8,16 --peft none,lora`); `--grid
-FILE.yaml` maps fields to lists; `--preset` names a known grid. Points already in `--out` are skipped with
-`--resume` (error rows too, unless `--retry-errors`), points whose estimate is far over `--gpu` unless `--force`.
+FILE.yaml` maps fields to lists; `--preset` names a known grid. An `--out` holding rows needs `--resume`, which
+skips the points it holds (error rows too, unless `--retry-errors`); points whose estimate is far over `--gpu`
+are skipped unless `--force`.
 One sweep at a time writes an `--out`; Ctrl-C or SIGTERM keeps the rows made.
 """
 
@@ -11,14 +12,7 @@ from __future__ import annotations
 import argparse
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from trainmem.errors import SetupError
 from trainmem.output.render import sweep_line
@@ -44,8 +38,8 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", default=None, help=f"{'|'.join(METHODS)} (default both with CUDA, estimate without)")
     options.add_estimator(p, "--estimator", "auto", ": how estimates are made (default auto)")
     p.add_argument("--out", default="trainmem-out/sweep.jsonl", metavar="FILE.jsonl",
-                   help="append each point's row here (default trainmem-out/sweep.jsonl)")
-    p.add_argument("--resume", action="store_true", help="skip points already in --out")
+                   help="append each point's row here (default trainmem-out/sweep.jsonl); one with rows needs --resume")
+    p.add_argument("--resume", action="store_true", help="skip points already in --out and append the others")
     p.add_argument("--retry-errors", action="store_true", help="with --resume: run again points whose row is an error")
     p.add_argument("--force", action="store_true", help="run points whose estimate is far over --gpu anyway")
 
@@ -58,9 +52,12 @@ def main(args: argparse.Namespace) -> int:
         sweep = Sweep([], args.out, args.method, args.estimator, args.resume, args.force, args.retry_errors)
     except SetupError as e:
         problems, sweep = e.problems, None
+    if sweep is not None and sweep.method == "estimate":  # no point is run: the flags of training alone are unused
+        how = "sweep --method estimate" + ("" if args.method else " (the default without CUDA)")
+        problems += options.not_used(args, how, options.NOT_USED["estimate"])
     given = {"model": args.model, **options.given_values(args)}
     bases = preset_points(args.preset) if args.preset else [{}]
-    points = resolve(expand(axes(given, args.grid), bases), args.config, args.training_args, problems)
+    points = resolve(expand(axes(given, args.grid, problems), bases), args.config, args.training_args, problems)
     assert sweep is not None  # a bad option raised above, with every other problem
     sweep.points = points
     console = Console(stderr=True)

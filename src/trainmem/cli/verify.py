@@ -3,9 +3,9 @@
 Computes the gradient of --full-batch samples in one batch, then accumulated over micro-batches of
 --micro-batch samples, with trainmem's token-weighted loss and with the naive mean of micro-batch means, in
 float64 on the CPU. Exits 0 when trainmem's gradient matches to 1e-10 relative (1e-5 in float32), 1 otherwise.
-The model, --peft, --data, --seq-len and --checkpointing flags shape what is verified; --batch-size,
---grad-accum, --precision and the optimizer flags are accepted but unused (the batch and dtype flags
-below decide). Without --model (or --config) it verifies tiny-gpt-neox, on a GPU machine too.
+The model, --peft, --data, --seq-len and --checkpointing flags shape what is verified; the batch, precision,
+optimizer, card and several-GPU flags of `trainmem run` are refused (the batch and dtype flags below
+decide). Without --model (or --config) it verifies tiny-gpt-neox, on a GPU machine too.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ DEFAULT_MODEL = "tiny-gpt-neox"
 
 
 def register(p: argparse.ArgumentParser) -> None:
-    options.add_setup_arguments(p)
+    options.add_setup_arguments(p, command="verify-accumulation")
     p.add_argument("--full-batch", type=int, default=8, metavar="N", help="samples in the full batch (default 8)")
     p.add_argument("--micro-batch", type=int, default=3, metavar="N",
                    help="samples per micro-batch (default 3: the last micro-batch is partial)")

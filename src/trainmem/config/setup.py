@@ -231,6 +231,9 @@ class TrainSetup:
         choice("offload", self.offload, OFFLOADS)
         if _whole(self.gpus) and self.gpus > 1 and self.shard == "none":
             out.append(f"--gpus {self.gpus}: say how states are spread with --shard ddp|zero1|zero2|zero3|fsdp")
+        if self.gpus == 1 and self.shard in SHARDS[1:] and self.offload == "none":  # one GPU offloading is a use
+            out.append(f"--shard {self.shard}: needs --gpus N with N >= 2 (one GPU has nothing to spread states "
+                       f"over); add --gpus 2 or more, or drop --shard")
         if self.offload != "none" and self.shard not in ("zero1", "zero2", "zero3", "fsdp"):
             out.append(f"--offload {self.offload}: needs --shard zero1|zero2|zero3|fsdp")
         if self.offload == "params" and self.shard not in ("zero3", "fsdp"):
@@ -249,11 +252,13 @@ class TrainSetup:
             out.append(f"--lora-targets: expected module names (e.g. q_proj,v_proj or all-linear), got "
                        f"{self.lora_targets!r}; leave it out for the defaults")
         elif self.peft == "none" and self.lora_targets:
-            out.append("--lora-targets: given with --peft none; add --peft lora or drop --lora-targets")
+            out.append("--lora-targets: applies to --peft lora or qlora, and --peft is none; add --peft lora or drop "
+                       "--lora-targets")
         if not isinstance(self.lora_experts, bool):
             out.append(f"--lora-experts: must be true or false, got {self.lora_experts!r}")
         elif self.lora_experts and self.peft == "none":
-            out.append("--lora-experts: given with --peft none; add --peft lora or drop --lora-experts")
+            out.append("--lora-experts: applies to --peft lora or qlora, and --peft is none; add --peft lora or drop "
+                       "--lora-experts")
         elif self.lora_experts and str(self.precision).startswith("amp"):
             out.append(f"--lora-experts: not modelled under autocast (--precision {self.precision}); use --precision "
                        "bf16 or fp16, or drop --lora-experts")

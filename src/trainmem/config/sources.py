@@ -18,7 +18,12 @@ from trainmem.errors import SetupError
 from .setup import TrainSetup, training_arguments_values
 from .specs import ModelSpec
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20,
+          "gib": 2**30, "tib": 2**40}
+BARE_BYTES_MIN = 2**20
+"""The smallest size a bare number (no unit) may give, in bytes: `--memory-cap 12` means 12 GiB to whoever
+types it, never 12 bytes, so a bare number below 1 MiB is refused rather than read as a byte count."""
+SIZES = "12GiB, 12.5GiB, 12000MiB or 12GB"
 
 KINDS: dict[str, str] = {
     "batch_size": "int", "grad_accum": "int", "seq_len": "int", "checkpointing": "bool", "lora_experts": "bool", "lora_r": "int",
@@ -36,11 +41,23 @@ _EXPECTED = {"int": "a whole number", "float": "a finite number", "bool": "true 
 
 
 def parse_bytes(text: str) -> int:
-    """'12GiB', '300MB', '4096' -> bytes."""
+    """'12GiB', '12.5GiB', '300MB', '12884901888' -> bytes. Units: B, KB, MB, GB, TB (powers of 1000) and KiB,
+    MiB, GiB, TiB (powers of 1024), any case. A bare number is bytes, and must be at least 1 MiB
+    (`BARE_BYTES_MIN`): below that it is a size whose unit was left out, a ValueError saying so."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"{text!r} is not a size like 12GiB, 500MB or 4096")
+        raise ValueError(f"{text!r} is not a size like {SIZES}")
+    if not m.group(2):
+        return bare_bytes(float(m.group(1)), m.group(1))
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def bare_bytes(number: float, shown: str) -> int:
+    """A number given without a unit, as bytes; a ValueError below 1 MiB, where the unit was surely left out."""
+    if number < BARE_BYTES_MIN:
+        example = f"{shown}GiB" if 0 < number <= 1024 else f"{shown}MiB" if number > 1024 else "12GiB"
+        raise ValueError(f"{shown} has no unit, and as bytes it is less than 1 MiB; write the unit, e.g. {example}")
+    return int(number)
 
 
 def convert(kind: str, value: Any) -> Any:
@@ -89,18 +106,20 @@ def convert(kind: str, value: Any) -> Any:
             return value
         raise wrong()
     if kind == "list":
-        if text is not None:
-            return [t.strip() for t in text.split(",") if t.strip()]
+        items = [t.strip() for t in text.split(",")] if text is not None else None
+        if items is not None and len(items) > 1 and not all(items):  # '2,,4' and '2,4,': an item left out
+            raise ValueError(f"{value!r} has an empty item; put one module name between commas, e.g. "
+                             f"{','.join(t for t in items if t) or 'q_proj,v_proj'}")
+        if items is not None:
+            return [t for t in items if t]
         if isinstance(value, (list, tuple)) and all(isinstance(t, str) for t in value):
             return [t.strip() for t in value]
         raise wrong()
-    if kind == "bytes":
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and math.isfinite(value):
-            return int(value)
+    if kind == "bytes":  # a number in a file is a bare number, as a flag's digits are
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            return bare_bytes(value, _shown(value))
         if text is None:
-            raise ValueError(f"{_shown(value)} is not a size like 12GiB, 500MB or 4096")
+            raise ValueError(f"{_shown(value)} is not a size like {SIZES}")
         return parse_bytes(text)
     if kind == "name" and isinstance(value, int) and not isinstance(value, bool):
         return str(value)
@@ -192,13 +211,26 @@ def _read_yaml(path: str, problems: list[str], where: dict[str, str]) -> dict[st
     return values
 
 
+LORA_VALUES = ("lora_r", "lora_alpha", "lora_dropout")
+"""LoRA's numbers, which have defaults: one given with `--peft none` would be silently unused (`lora_targets` and
+`lora_experts`, whose defaults say "not given", are `TrainSetup.problems`' own)."""
+
+
+def lora_without_peft(name: str, origin: str) -> str:
+    """The problem of a LoRA value given (at `origin`: its flag, or where in a file) to a setup with `--peft none`."""
+    flag = "--" + name.replace("_", "-")
+    drop = flag if origin == flag else f"{name} from the file"
+    return f"{origin}: applies to --peft lora or qlora, and --peft is none; add --peft lora or drop {drop}"
+
+
 NO_MODEL = ("--model: which model? a preset (e.g. llama-3.2-1b, qwen2.5-0.5b, tiny-llama), a config.json, a local "
             "model folder or a hub id (org/name), e.g. --model llama-3.2-1b")
 
 
 def load_setup(model: str | None = None, values: dict[str, Any] | None = None, config: str | None = None,
                training_args: str | None = None, problems: list[str] | None = None,
-               default: Callable[[], str] | None = default_model) -> tuple[ModelSpec, TrainSetup]:
+               default: Callable[[], str] | None = default_model,
+               peft_searched: bool = False) -> tuple[ModelSpec, TrainSetup]:
     """The model and the validated setup its sources describe; raises one SetupError with every problem.
 
     Args:
@@ -208,6 +240,8 @@ def load_setup(model: str | None = None, values: dict[str, Any] | None = None, c
         training_args: a JSON file of TrainingArguments fields (`args.to_json_string()`).
         problems: problems already found by the caller (its own options), reported with these.
         default: the model when none is given (`default_model`); None makes a missing model a problem.
+        peft_searched: the caller searches over `peft` (`plan --allow peft`), so a LoRA value given with
+            `--peft none` is for its LoRA candidates; otherwise it is a problem, as the value would go unused.
     """
     problems = list(problems or [])
     for flag, path in (("--training-args", training_args), ("--config", config)):
@@ -230,6 +264,7 @@ def load_setup(model: str | None = None, values: dict[str, Any] | None = None, c
         where.pop(name, None)
     if model is not None:
         merged["model"], where["model"] = model, "--model"
+    peft_given = "peft" in merged
     for name in list(merged):
         origin = where.get(name, "--" + name.replace("_", "-"))
         if merged[name] is None and name in OPTIONAL:
@@ -244,6 +279,9 @@ def load_setup(model: str | None = None, values: dict[str, Any] | None = None, c
             except ValueError as e:
                 problems.append(f"{origin}: {e}")
                 del merged[name]
+    unread = peft_given and "peft" not in merged  # a bad --peft is its own problem: say nothing of LoRA's values
+    if not peft_searched and not unread and merged.get("peft", TrainSetup.peft) == "none":
+        problems += [lora_without_peft(n, where.get(n, "--" + n.replace("_", "-"))) for n in LORA_VALUES if n in merged]
     name = merged.pop("model", None)
     if name is not None and not name.strip():
         problems.append("--model: an empty name; " + NO_MODEL.split("? ", 1)[1])
@@ -265,4 +303,5 @@ def load_setup(model: str | None = None, values: dict[str, Any] | None = None, c
     return spec, setup  # type: ignore[return-value]
 
 
-__all__ = ["KINDS", "parse_bytes", "convert", "read_training_arguments", "default_model", "load_setup", "NO_MODEL"]
+__all__ = ["KINDS", "parse_bytes", "bare_bytes", "convert", "read_training_arguments", "default_model", "load_setup",
+           "NO_MODEL", "LORA_VALUES", "lora_without_peft"]

@@ -3,6 +3,7 @@ and a verdict for a card judged on what really causes an OOM (reserved + context
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,11 +31,49 @@ UNQUANTIZED_ADVICE = ("weights: most are layers bitsandbytes does not quantize, 
 """Advice where QLoRA's weights are mostly unquantized (fused expert weights, Linear subclasses)."""
 
 
-def advice(cut: str, peft: str, unquantized: bool = False) -> str:
+def advice(cut: str, peft: str, unquantized: bool = False, setup: dict[str, Any] | None = None,
+           phase: str | None = None, foreach_share: float = 1.0) -> str:
+    """What to do about `cut`, the largest part at the peak. With the `setup` (a Breakdown's), the peak's `phase`
+    and the share of `other` that foreach AdamW's step copies take, only changes that lower that part and that
+    the setup does not already make (`_not_done`)."""
     if cut == "weights" and peft == "qlora" and unquantized:
-        return UNQUANTIZED_ADVICE
-    already = peft == "qlora" or (peft == "lora" and cut != "weights")
-    return ADAPTERS_ADVICE[cut] if already and cut in ADAPTERS_ADVICE else ADVICE[cut]
+        text = UNQUANTIZED_ADVICE
+    else:
+        already = peft == "qlora" or (peft == "lora" and cut != "weights")
+        text = ADAPTERS_ADVICE[cut] if already and cut in ADAPTERS_ADVICE else ADVICE[cut]
+    return text if setup is None else _not_done(cut, text, peft != "none", setup, phase, foreach_share)
+
+
+def _not_done(cut: str, text: str, adapters: bool, s: dict[str, Any], phase: str | None, foreach: float) -> str:
+    """`text` without the suggestions `s` already follows or that leave `cut` as it is: --checkpointing when it is
+    on, a lower --batch-size at batch 1, --optimizer adamw-8bit for any optimizer but AdamW's 8 bytes a parameter
+    (8-bit already, or SGD's and Adafactor's fewer), adamw-fused but for foreach AdamW at an optimizer-step peak
+    whose temporaries are mostly the step's foreach copies (`foreach` >= 1/2: the two differ by those alone, a
+    gradient's size, small under LoRA), a smaller batch for the logits at an optimizer-step peak (none are
+    alive), sharding for sharded weights. Where nothing is left, what still lowers the part."""
+    batch = s.get("batch_size", 2) > 1
+    adamw = s.get("optimizer", "adamw") in ("adamw", "adamw-fused")
+    if cut == "activations":
+        tips = [t for t, keep in (("add --checkpointing", not s.get("checkpointing")),
+                                  ("lower --batch-size (raise --grad-accum to keep the effective batch)", batch)) if keep]
+        return "activations: " + (" or ".join(tips) or "a shorter --seq-len (already checkpointed, at batch 1)")
+    if cut == "optimizer" and not adamw:
+        return ("optimizer states: only the adapters have states; a lower --lora-r or fewer --lora-targets" if adapters
+                else "optimizer states: train adapters only with --peft lora")
+    if cut == "other":
+        tips = [t for t, keep in (("--optimizer adamw-fused (no foreach copies at the step)",
+                                   s.get("optimizer", "adamw") == "adamw" and phase != "forward/backward"
+                                   and foreach >= 0.5),
+                                  ("for large vocabularies, a smaller --batch-size", batch and phase != "optimizer step"))
+                if keep]
+        if tips:
+            return "temporaries: " + "; ".join(tips)
+        return ("temporaries: the logits and their gradients; a shorter --seq-len" if phase == "forward/backward" else
+                "temporaries: no flag of this setup lowers them (cuBLAS workspaces, the optimizer step's buffers)")
+    if cut == "weights" and s.get("shard") in ("zero3", "fsdp"):  # sharded already: more GPUs, not sharding
+        more = f"spread it over more than --gpus {s.get('gpus')}"
+        return re.sub(r"shard it( across GPUs)? \(--gpus N --shard fsdp\)", more, text)
+    return text
 
 
 def level_of(need: int, card: GPU, margin: float) -> str:
@@ -82,12 +121,16 @@ class Breakdown:
         level = level_of(need, card, margin)
         parts = {k: self.memory[k] for k in ("weights", "gradients", "optimizer", "activations", "other")}
         cut = max(parts, key=parts.get)  # type: ignore[arg-type]
+        # foreach AdamW's step copies the (local) gradients: what adamw-fused would save of `other`
+        copies = self.terms.get("optimizer_step_temporaries", self.model_states.get("gradients", 0))
+        foreach = copies / parts["other"] if parts["other"] > 0 else 0.0
         # `runtime`: the card whose cuBLAS workspace and SDPA kernel the estimate modelled (the H200's without
         # --gpu); where it is not `gpu`, the reserved bytes are that card's, judged against this one
         modelled = find_gpu(self.setup["gpu"]) if self.setup.get("gpu") else None
         out = {"gpu": card.name, "fits": level == "fits", "level": level, "headroom": headroom, "need": need,
                "capacity": card.capacity, "cut_first": cut, "advice": advice(cut, self.setup.get("peft", "none"),
-                                                                  "unquantized_weights" in self.terms),
+                                                                  "unquantized_weights" in self.terms, self.setup,
+                                                                  self.peak_phase, foreach),
                "margin": margin, "runtime": (modelled or CATALOG["H200"]).name}
         if "analytic_reserved" in self.terms and self.method == "simulate":
             other = level_of(self.terms["analytic_reserved"] + overhead, card, margin)

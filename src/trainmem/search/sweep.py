@@ -54,8 +54,14 @@ NOT_AXES = ("lora_targets",)
 
 
 def split_values(text: str) -> list[str]:
-    """'4,8,16' -> ['4', '8', '16']; a value without a comma is a one-value axis."""
-    return [t.strip() for t in str(text).split(",") if t.strip()]
+    """'4,8,16' -> ['4', '8', '16']; a value without a comma is a one-value axis. An empty item ('2,,4', '2,4,')
+    is a ValueError naming it: a value left out, which the grid must not silently lose."""
+    items = [t.strip() for t in str(text).split(",")]
+    if len(items) > 1 and not all(items):
+        at = [i for i, t in enumerate(items, 1) if not t]
+        raise ValueError(f"{text!r} has an empty item (item {', '.join(map(str, at))} of {len(items)}); put one value "
+                         f"between commas, e.g. {','.join(t for t in items if t) or '4,8'}")
+    return items
 
 
 def expand(axes: dict[str, list[Any]], bases: Iterable[dict[str, Any]] = ({},)) -> list[dict[str, Any]]:
@@ -74,8 +80,8 @@ def preset_points(name: str) -> list[dict[str, Any]]:
     if name != "chapter":
         raise SetupError([f"--preset: {name!r} is not one of {', '.join(PRESETS)}"])
     default = TrainSetup().to_dict()
-    return [{"model": CHAPTER_MODEL, **{k: v for k, v in run.setup.to_dict().items() if v != default[k]}}
-            for run in CHAPTER_RUNS]
+    return [{"model": CHAPTER_MODEL, "peft": run.setup.peft,  # every point says its peft (see `resolve`)
+             **{k: v for k, v in run.setup.to_dict().items() if v != default[k]}} for run in CHAPTER_RUNS]
 
 
 def read_grid(path: str) -> dict[str, list[Any]]:
@@ -97,14 +103,24 @@ def read_grid(path: str) -> dict[str, list[Any]]:
     return {str(k).replace("-", "_"): v if isinstance(v, list) else [v] for k, v in loaded.items()}
 
 
-def axes(given: dict[str, Any], grid: str | None = None) -> dict[str, list[Any]]:
+def axes(given: dict[str, Any], grid: str | None = None, problems: list[str] | None = None) -> dict[str, list[Any]]:
     """The axes of a sweep: each given value (field or `model` -> text, as the flags hold it) split on
     commas, `checkpointing` given as a one-value axis [True], then the YAML `grid`'s axes; a field in
-    both is a problem."""
+    both is a problem. A comma list with an empty item is a problem: added to `problems` (the axis left
+    out, so that the rest is checked too) where it is given, else raised."""
     out: dict[str, list[Any]] = {}
+    found: list[str] = []
     for name, value in given.items():
-        if value is not None:
+        if value is None:
+            continue
+        try:
             out[name] = [True] if name == "checkpointing" else [value] if name in NOT_AXES else split_values(value)
+        except ValueError as e:
+            found.append(f"--{name.replace('_', '-')}: {e}")
+    if found and problems is None:
+        raise SetupError(found)
+    if found:
+        problems += found  # type: ignore[operator]
     if grid:
         from_grid = read_grid(grid)
         both = sorted(set(from_grid) & set(out))
@@ -115,19 +131,40 @@ def axes(given: dict[str, Any], grid: str | None = None) -> dict[str, list[Any]]
     return out
 
 
+LORA_FIELDS = ("lora_r", "lora_alpha", "lora_dropout", "lora_targets", "lora_experts")
+
+
 def resolve(points: list[dict[str, Any]], config: str | None = None, training_args: str | None = None,
             problems: list[str] | None = None) -> list[tuple[ModelSpec, TrainSetup]]:
     """(spec, setup) for every point, its values standing in for the setup flags (`config` and
-    `training_args` apply to all); one SetupError with every problem, the caller's `problems` included."""
+    `training_args` apply to all); one SetupError with every problem, the caller's `problems` included.
+
+    A grid's LoRA values (`--peft none,lora --lora-r 8,16`) are for its LoRA points: a point that says
+    `peft: none` takes none of them, and is made once. LoRA values no point can use are a problem."""
     out: list[tuple[ModelSpec, TrainSetup]] = []
     problems = list(problems or [])
+    seen: set[str] = set()
+    left_out: dict[str, None] = {}  # the LoRA fields left out of `peft: none` points, in order
+    kept: set[str] = set()  # those of the other points
     for i, point in enumerate(points, 1):
+        values = {k: v for k, v in point.items() if k != "model"}
+        lora = [k for k in LORA_FIELDS if k in values]
+        if str(values.get("peft")).strip() == "none":
+            left_out.update(dict.fromkeys(lora))
+            values = {k: v for k, v in values.items() if k not in LORA_FIELDS}
+        else:
+            kept.update(lora)
+        key = json.dumps([point.get("model"), values], sort_keys=True, default=repr)
+        if key in seen:
+            continue
+        seen.add(key)
         try:
-            out.append(load_setup(point.get("model"), {k: v for k, v in point.items() if k != "model"},
-                                  config, training_args))
+            out.append(load_setup(point.get("model"), values, config, training_args))
         except SetupError as e:
             where = ", ".join(f"{k}={v}" for k, v in point.items())
             problems += [f"point {i} ({where}): {p}" for p in e.problems]
+    problems += [f"--{name.replace('_', '-')}: applies to --peft lora or qlora, and no point of the sweep has one; "
+                 f"add lora to --peft or drop --{name.replace('_', '-')}" for name in left_out if name not in kept]
     if problems:
         raise SetupError(problems)
     return out
@@ -199,6 +236,8 @@ class Sweep:
 
     def __post_init__(self) -> None:
         problems = out_problems(self.out)  # where the rows go: checked before any work
+        if not problems and not self.resume and Path(self.out).is_file() and Path(self.out).stat().st_size:
+            problems.append(self.not_empty())
         if self.retry_errors and not self.resume:
             problems.append("--retry-errors: reruns the error rows of a resumed sweep; add --resume")
         self.method = self.method or ("both" if self.cuda else "estimate")
@@ -207,6 +246,13 @@ class Sweep:
                      if value not in allowed]
         if problems:
             raise SetupError(problems)
+
+    def not_empty(self) -> str:
+        """The problem of a sweep without `resume` into an `out` that holds rows: it would append its points again."""
+        with open(self.out, "rb") as f:
+            lines = sum(1 for line in f if line.strip())
+        return (f"--out: {self.out} already holds {lines} line{'s' if lines != 1 else ''}; a sweep without --resume "
+                "would append its points again: add --resume to skip the points it holds, or pass a new --out")
 
     @cached_property
     def cuda(self) -> bool:
