@@ -202,6 +202,18 @@ def test_help_and_report_start_without_torch(tmp_path):
     assert (tmp_path / "report.md").is_file()
 
 
+def test_a_mistyped_value_is_answered_before_torch_or_the_model():
+    """A setup's own problems (a value not among the choices, a bad number) are answered before the model is
+    resolved and before torch is imported: a fraction of a second, with the nearest choice."""
+    code = ("import sys\nfrom trainmem.cli import main\n"
+            "assert main(['estimate', '--model', 'llama-3.1-8b', '--optimizer', 'adamw8bit', '--seq-len', '0']) == 2\n"
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'torch was imported'\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert "--optimizer: 'adamw8bit' is not one of" in p.stderr and "did you mean adamw-8bit?" in p.stderr
+    assert "--seq-len: must be a whole number >= 1" in p.stderr
+
+
 def reaches_into_benchmarks(source: str, scripts: set[str]) -> list[str]:
     """The statements of a test's source that put benchmarks/ on sys.path or import one of its `scripts` by name."""
     found = []

@@ -30,11 +30,10 @@ def register(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.out and out_problems(args.out):  # first, alone and at once: where the row goes, not the setup
         raise SetupError(out_problems(args.out))
-    from trainmem.estimator import estimate
-
     problems: list[str] = []
     margin = options.margin(args, problems)
     spec, setup = options.setup_from_args(args, problems, default=None)
+    from trainmem.estimator import estimate  # torch: only once the setup is known to be sound
     console = Console(stderr=args.json)
     if setup.gpu is None and setup.device != "cpu":
         from trainmem.hardware.gpus import this_card

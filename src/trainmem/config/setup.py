@@ -7,6 +7,7 @@ Validation collects every problem and raises one `SetupError`, each line naming 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import re
@@ -201,7 +202,9 @@ class TrainSetup:
 
         def choice(flag: str, value: str, allowed: tuple[str, ...]) -> None:
             if value not in allowed:
-                out.append(f"--{flag}: {value!r} is not one of {', '.join(allowed)}")
+                near = difflib.get_close_matches(str(value), allowed, n=1, cutoff=0.6)
+                out.append(f"--{flag}: {value!r} is not one of {', '.join(allowed)}"
+                           + (f"; did you mean {near[0]}?" if near else ""))
 
         for flag, value in (("batch-size", self.batch_size), ("grad-accum", self.grad_accum),
                             ("seq-len", self.seq_len), ("steps", self.steps), ("num-samples", self.num_samples),

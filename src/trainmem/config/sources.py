@@ -11,11 +11,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import fields
+from pathlib import Path
 from typing import Any, Callable
 
 from trainmem.errors import SetupError
 
 from .setup import TrainSetup, training_arguments_values
+from .presets import HUB_IDS, PRESETS
 from .specs import ModelSpec
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20,
@@ -287,6 +289,12 @@ def load_setup(model: str | None = None, values: dict[str, Any] | None = None, c
         problems.append("--model: an empty name; " + NO_MODEL.split("? ", 1)[1])
     elif name is None and default is None:
         problems.append(NO_MODEL)
+    # the setup's own problems are answered before the model is resolved (which imports transformers and may
+    # fetch a config.json), where the model is not in question: a mistyped value costs a fraction of a second
+    alone = TrainSetup(**merged).problems()
+    if (problems or alone) and (name is None and default is not None or name in PRESETS or name in HUB_IDS
+                                or name is not None and Path(name).exists()):
+        raise SetupError(problems + alone)
     spec = None
     if name is not None and name.strip() or name is None and default is not None:
         try:
