@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+# estimate's answers kept on disk (trainmem.cli.cache) would let one test's answer stand for another's
+# monkeypatched code; tests/unit/test_cli.py turns the cache on where it tests it
+os.environ.setdefault("TRAINMEM_CACHE", "off")
 
 
 SLOW_TIERS = ("slow", "regression")

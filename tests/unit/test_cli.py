@@ -113,3 +113,22 @@ def test_a_bad_out_stops_every_command_before_any_work(tmp_path):
     assert report.returncode == 2 and "Traceback" not in report.stderr
     assert f"--out: {tmp_path / 'a-file'} is a file, not a folder" in " ".join(report.stderr.split())
     assert sorted(tmp_path.rglob("*")) == before  # not a row, not a lock file written
+
+
+def test_an_estimate_asked_again_is_answered_from_disk_without_torch(tmp_path):
+    """The same question of the same trainmem and libraries: the kept answer, the same bytes, no torch import;
+    another flag, another key."""
+    import os
+
+    env = {**os.environ, "TRAINMEM_CACHE": "on", "TRAINMEM_CACHE_DIR": str(tmp_path)}
+    ask = ["estimate", "--model", "tiny-llama", "--gpu", "T4", "--json"]
+    code = ("import sys\nfrom trainmem.cli import main\nassert main({args!r}) == 0\n"
+            "print('torch' in sys.modules, file=sys.stderr)\n")
+    first = subprocess.run([sys.executable, "-c", code.format(args=ask)], env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    assert len(list(tmp_path.glob("*.json"))) == 1
+    again = subprocess.run([sys.executable, "-c", code.format(args=ask)], env=env, capture_output=True, text=True)
+    assert again.stdout == first.stdout and again.stderr.strip().splitlines()[-1] == "False"
+    other = subprocess.run([sys.executable, "-c", code.format(args=ask + ["--batch-size", "2"])], env=env,
+                           capture_output=True, text=True)
+    assert other.returncode == 0 and other.stdout != first.stdout and len(list(tmp_path.glob("*.json"))) == 2
