@@ -495,3 +495,25 @@ def test_lora_on_fused_expert_weights_is_simulated_and_equals_a_cpu_run():
     assert analytic.method == "simulate"
     assert simulated.model["trainable_parameters"] > plain.model["trainable_parameters"]
     assert simulated.memory["peak_allocated"] > plain.memory["peak_allocated"]
+
+
+def test_advice_is_checked_by_estimating_each_change(capsys):
+    """A setup over its card is told what each suggested change would need, from the same estimate a user would
+    get for the changed setup; a setup that fits is told nothing more."""
+    from trainmem import cli
+    from trainmem.search.advice import changes
+
+    ask = ["estimate", "--model", "tiny-llama", "--batch-size", "16", "--seq-len", "512", "--gpu", "T4", "--json"]
+    assert cli.main(ask + ["--memory-cap", "900MiB"]) == 0
+    verdict = json.loads(capsys.readouterr().out)["verdict"]
+    assert verdict["level"] == "no" and verdict["cut_first"] == "other"
+    checked = {c["change"]: c for c in verdict["checked"]}
+    assert list(checked) == ["--optimizer adamw-fused", "--batch-size 8 --grad-accum 2"]
+    for flags in (["--optimizer", "adamw-fused"], ["--batch-size", "8", "--grad-accum", "2"]):
+        assert cli.main([*ask, "--memory-cap", "900MiB", *flags]) == 0
+        alone = json.loads(capsys.readouterr().out)["verdict"]
+        assert checked[" ".join(flags)]["need"] == alone["need"]
+    assert cli.main(ask) == 0 and "checked" not in json.loads(capsys.readouterr().out)["verdict"]
+    already = TrainSetup(batch_size=1, checkpointing=True, optimizer="adamw-8bit", peft="lora")
+    assert changes(already, "activations") == [] and changes(already, "optimizer") == []
+    assert [c for c, _ in changes(TrainSetup(optimizer="sgd"), "optimizer")] == ["--peft lora"]

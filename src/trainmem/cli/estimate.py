@@ -47,6 +47,11 @@ def main(args: argparse.Namespace) -> int:
     with console.status(f"estimating {escape(spec.name)}..."):
         breakdown = estimate(spec, setup, args.method)
     result = breakdown.to_result(options.verdict_card(setup), margin)  # type: ignore[arg-type]
+    if result.verdict and result.verdict["level"] != "fits":
+        from trainmem.search.advice import check
+
+        with console.status("checking what would make it fit..."):
+            result.verdict["checked"] = check(spec, setup, breakdown, options.verdict_card(setup), margin, args.method)
     cache.store(answer_key, result)
     for note in result.append_to(args.out) if args.out else []:
         Console(stderr=True).print(f"warning: {note}", style="yellow", markup=False, soft_wrap=True)

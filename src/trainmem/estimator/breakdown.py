@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainmem.config.optimizers import OPTIMIZERS
 from trainmem.hardware.gpus import CATALOG, GPU, find_gpu
 from trainmem.result import Result
 
@@ -52,7 +53,8 @@ def _not_done(cut: str, text: str, adapters: bool, s: dict[str, Any], phase: str
     gradient's size, small under LoRA), a smaller batch for the logits at an optimizer-step peak (none are
     alive), sharding for sharded weights. Where nothing is left, what still lowers the part."""
     batch = s.get("batch_size", 2) > 1
-    adamw = s.get("optimizer", "adamw") in ("adamw", "adamw-fused")
+    row = OPTIMIZERS.get(s.get("optimizer", "adamw"))
+    adamw = row is not None and row.adam and not row.eight_bit  # AdamW's 8 bytes a parameter
     if cut == "activations":
         tips = [t for t, keep in (("add --checkpointing", not s.get("checkpointing")),
                                   ("lower --batch-size (raise --grad-accum to keep the effective batch)", batch)) if keep]
@@ -62,7 +64,7 @@ def _not_done(cut: str, text: str, adapters: bool, s: dict[str, Any], phase: str
                 else "optimizer states: train adapters only with --peft lora")
     if cut == "other":
         tips = [t for t, keep in (("--optimizer adamw-fused (no foreach copies at the step)",
-                                   s.get("optimizer", "adamw") == "adamw" and phase != "forward/backward"
+                                   row is not None and row.foreach and phase != "forward/backward"
                                    and foreach >= 0.5),
                                   ("for large vocabularies, a smaller --batch-size", batch and phase != "optimizer step"))
                 if keep]

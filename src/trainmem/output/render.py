@@ -79,6 +79,15 @@ def _gb(n: int) -> str:
     return f"{n / GiB:.1f}"
 
 
+def checked_advice(checked: list[dict[str, Any]], card: str) -> str:
+    """The changes the verdict suggests, each estimated: what it then needs and whether that fits."""
+    said = [f"{c['change']}: needs {_gb(c['need'])} GiB, {'fits' if c['level'] == 'fits' else c['level']}"
+            for c in checked]
+    if any(c["level"] == "fits" for c in checked):
+        return "checked: " + "; ".join(said)
+    return f"no single change fits the {card}: " + "; ".join(said)
+
+
 def headline(r: Result) -> Text:
     """The answer in one line, before anything else: the verdict in words (with what to cut first where it does
     not fit or is tight), a measurement's outcome on the card it emulated, or, without a card, the peak and how
@@ -145,7 +154,11 @@ def result_tables(r: Result, phases: bool = False, verbose: bool = False) -> lis
     title = (f"{r.model.get('name')}  batch {s['batch_size']} x accum {s['grad_accum']} "
              f"(effective {r.effective_batch}), seq {s['seq_len']}, {s['peft']}, {s['precision']}, "
              f"{s['optimizer']}{', checkpointing' if s['checkpointing'] else ''}  on {r.env.get('gpu') or s['device']}")
-    out: list[Any] = [headline(r), f"[bold]{escape(title)}[/bold]"]
+    out: list[Any] = [headline(r)]
+    checked = (r.verdict or {}).get("checked")
+    if checked:
+        out.append(Text(checked_advice(checked, r.verdict["gpu"])))
+    out.append(f"[bold]{escape(title)}[/bold]")
     if r.kind == "estimate":
         out.append(f"estimate ({r.method} method) for one CUDA GPU; the peak is in the {r.peak_phase}")
     else:

@@ -1,0 +1,83 @@
+"""Advice that is checked: each change the verdict suggests for a setup that does not fit, estimated with the same
+method before it is shown, with what it then needs; where no single change fits, all of them together.
+
+Example: llama-3.2-1b LoRA at batch 8 x 1024 tokens on an A10G needs 28.7 GiB; the check says
+`--checkpointing: needs 9.6 GiB, fits` and `--batch-size 4 --grad-accum 2: needs 15.8 GiB, fits`.
+
+The changes are the ones that lower the part to cut first and that the setup does not already make: for
+activations, checkpointing and half the micro-batch at twice the accumulation (the same effective batch); for
+optimizer states, 8-bit AdamW (for a full-precision Adam) and LoRA; for gradients, LoRA; for weights, QLoRA; for
+temporaries, fused AdamW (for foreach AdamW) and half the micro-batch. Limitation: each check is one more
+estimate of the setup, as long as the first (a few seconds for a small model, a minute for a large mixture of
+experts); a change the setup refuses (QLoRA on a model bitsandbytes cannot quantize) is left out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainmem.config.optimizers import OPTIMIZERS
+from trainmem.config.setup import TrainSetup
+from trainmem.config.specs import ModelSpec
+from trainmem.errors import SetupError
+from trainmem.estimator import EstimateError, estimate
+from trainmem.estimator.breakdown import Breakdown
+from trainmem.hardware.gpus import GPU
+
+
+def changes(setup: TrainSetup, cut: str) -> list[tuple[str, dict[str, Any]]]:
+    """(the flags, the fields they change) of each change that lowers `cut` and that `setup` does not make."""
+    row = OPTIMIZERS[setup.optimizer]
+    half = ([(f"--batch-size {setup.batch_size // 2} --grad-accum {setup.grad_accum * 2}",
+              {"batch_size": setup.batch_size // 2, "grad_accum": setup.grad_accum * 2})]
+            if setup.batch_size > 1 and setup.batch_size % 2 == 0 else [])
+    out: list[tuple[str, dict[str, Any]]] = []
+    if cut == "activations":
+        out += [("--checkpointing", {"checkpointing": True})] if not setup.checkpointing else []
+        out += half
+    elif cut == "optimizer":
+        out += [("--optimizer adamw-8bit", {"optimizer": "adamw-8bit"})] if row.adam and not row.eight_bit else []
+        out += [("--peft lora", {"peft": "lora"})] if setup.peft == "none" else []
+    elif cut == "gradients":
+        out += [("--peft lora", {"peft": "lora"})] if setup.peft == "none" else []
+    elif cut == "weights":
+        out += [("--peft qlora", {"peft": "qlora"})] if setup.peft != "qlora" else []
+    elif cut == "other":
+        out += [("--optimizer adamw-fused", {"optimizer": "adamw-fused"})] if row.foreach else []
+        out += half
+    return out
+
+
+def check(spec: ModelSpec, setup: TrainSetup, breakdown: Breakdown, card: str | GPU, margin: float,
+          method: str = "auto") -> list[dict[str, Any]]:
+    """Each change for the part to cut first, estimated: `{"change", "need", "level"}`; where none fits alone
+    and there are several, a last row with all of them together. Empty where the setup fits."""
+    verdict = breakdown.verdict(card, margin)
+    if verdict["level"] == "fits":
+        return []
+    found = changes(setup, verdict["cut_first"])
+    rows: list[dict[str, Any]] = []
+    for label, fields in found:
+        level = _level(spec, setup.replace(**fields), card, margin, method)
+        if level is not None:
+            rows.append({"change": label, **level})
+    if len(rows) > 1 and not any(r["level"] == "fits" for r in rows):
+        together: dict[str, Any] = {}
+        for _, fields in found:
+            together.update(fields)
+        level = _level(spec, setup.replace(**together), card, margin, method)
+        if level is not None:
+            rows.append({"change": " ".join(label for label, _ in found), **level})
+    return rows
+
+
+def _level(spec: ModelSpec, setup: TrainSetup, card: str | GPU, margin: float,
+           method: str) -> dict[str, Any] | None:
+    try:
+        v = estimate(spec, setup, method).verdict(card, margin)
+    except (SetupError, EstimateError):
+        return None
+    return {"need": v["need"], "level": v["level"]}
+
+
+__all__ = ["changes", "check"]
