@@ -242,6 +242,7 @@ def test_the_verdict_line_says_the_level():
     assert verdict_line(old).startswith("T4: [red]does not fit[/red], headroom -1.000 GiB")
 
 
+@pytest.mark.slow  # the chapter's seven setups simulated: a minute and more
 def test_the_chapters_t4_rows():
     """The book's outcomes on its T4: everything but batch 16 fits (or is tight, with the reason), batch 16
     does not, by both methods (simulate carries the analytic reserved bytes along)."""

@@ -1,13 +1,15 @@
 """A setup that does not fit a card is told what it needs, not the card's size plus one request.
 
-The capped allocator replay stops at the request the card cannot serve; the need comes from the same replay
-without the cap, so it equals the setup's uncapped estimate, and allocated never exceeds reserved."""
+The capped allocator replay stops at the request the card cannot serve; the need is the smallest cap under which
+the same replay runs: at most what the replay reserves without a cap (an allocator that is never full never
+frees its cache), near it for setups far over the card, and allocated never exceeds reserved."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+
 
 import trainmem
 from trainmem import TrainSetup
@@ -29,7 +31,7 @@ OVER = [  # (model, setup fields, card): each needs 1.5x to 10x the card
 
 
 @pytest.mark.parametrize("model,fields,card", OVER, ids=[f"{m}-{c}-{f['precision']}" for m, f, c in OVER])
-def test_a_setup_over_the_card_needs_what_its_uncapped_estimate_needs(model, fields, card, monkeypatch):
+def test_a_setup_over_the_card_needs_at_most_what_its_uncapped_estimate_needs(model, fields, card, monkeypatch):
     setup = TrainSetup(gpu=card, **fields)
     capped = trainmem.estimate(model, setup, "simulate")
     verdict = capped.verdict(card)
@@ -39,10 +41,10 @@ def test_a_setup_over_the_card_needs_what_its_uncapped_estimate_needs(model, fie
     need = uncapped.verdict(card)["need"]
     capacity = CATALOG[card].capacity
     assert verdict["level"] == "no" and 1.5 <= verdict["need"] / capacity <= 10
-    assert abs(verdict["need"] - need) <= 0.03 * need
+    assert 0.9 * need <= verdict["need"] <= need
     for b in (capped, uncapped):
         assert b.memory["peak_allocated"] <= b.memory["peak_reserved"] < b.memory["device_used"]
-    assert any("projection beyond the card" in n for n in capped.notes)
+    assert any("the smallest cap under which the same allocator replay runs" in n for n in capped.notes)
 
 
 def test_sweep_skips_a_setup_predicted_to_need_more_than_the_card(tmp_path, capsys):

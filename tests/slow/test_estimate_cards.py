@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+
 import trainmem
 from trainmem.config.chapter import MODEL, RUNS
 from trainmem.search.cards import estimate_cards, groups, largest_batches
