@@ -164,9 +164,9 @@ class ModelSpec:
         return CONFIG_MAPPING[self.model_type](**fields)
 
     @cached_property
-    def _meta(self) -> tuple[int, dict[str, str], dict[str, tuple[int, ...]], str | None, tuple[str, ...]]:
+    def _meta(self) -> tuple[int, dict[str, str], dict[str, tuple[int, ...]], str | None, tuple[str, ...], str]:
         """One meta-device model (no memory, no init), read for its parameter count, its modules, their
-        weights' shapes and the name of its output embedding."""
+        weights' shapes, the name of its output embedding, its fused expert weights and its model type."""
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -179,7 +179,8 @@ class ModelSpec:
         experts = sorted({re.sub(r"^.*?\.\d+\.", "", n) for n, p in model.named_parameters()
                           if p.dim() == 3 and ".experts." in n})
         return (sum(p.numel() for p in model.parameters()), {n: _kind(m) for n, m in modules.items()},
-                shapes, next((n for n, m in modules.items() if m is head), None), tuple(experts))
+                shapes, next((n for n, m in modules.items() if m is head), None), tuple(experts),
+                str(model.config.model_type))
 
     def build_problem(self) -> str | None:
         """Why transformers cannot build this model (on the meta device: no memory) although it loads the config:
@@ -218,6 +219,12 @@ class ModelSpec:
         (`mlp.experts.gate_up_proj`): what `--lora-experts` hands peft as `target_parameters`. Empty for a model
         without them (dense models, experts kept as separate Linears)."""
         return self._meta[4]
+
+    @property
+    def built_model_type(self) -> str:
+        """The `model_type` of the model `AutoModelForCausalLM` builds: the config's, or its text model's where it
+        builds that from a composite config (llama4 -> llama4_text). What peft looks its rules up by."""
+        return self._meta[5]
 
     @property
     def output_embedding(self) -> str | None:
