@@ -307,6 +307,9 @@ class TrainSetup:
             out += _target_problems(spec, self.lora_targets)
         if self.peft in ("lora", "qlora") and _whole(self.lora_r) and 1 <= self.lora_r <= MAX_WHOLE:
             out += _rank_bound_problems(spec, self.lora_r, self.lora_targets)
+        if self.peft == "qlora" and spec.qlora_refusal:
+            out.append(f"--peft qlora: {spec.name} cannot train with 4-bit weights: {spec.qlora_refusal}; use "
+                       "--peft lora")
         if self.lora_experts is True and self.peft != "none" and not spec.expert_parameters:
             out.append(f"--lora-experts: {spec.name} has no fused expert weights (a mixture of experts' 3-D "
                        "experts parameters) to adapt; drop --lora-experts")

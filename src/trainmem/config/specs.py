@@ -273,6 +273,12 @@ class ModelSpec:
         dtype = self.config.get("dtype") or self.config.get("torch_dtype") or "float32"
         return str(dtype).replace("torch.", "")
 
+    @property
+    def qlora_refusal(self) -> str | None:
+        """Why this model cannot train with 4-bit weights (`QLORA_REFUSED`), None where it can."""
+        kinds = set(self.modules.values())
+        return next((why for cls, why in QLORA_REFUSED.items() if cls in kinds), None)
+
     def describe(self) -> dict[str, Any]:
         """What a row records about the model: name, source, type, path, parameter count."""
         return {"name": self.name, "source": self.source, "model_type": self.model_type,
@@ -291,6 +297,15 @@ def _kind(module: Any) -> str:
             return kind.__name__
     return type(module).__name__
 
+
+QLORA_REFUSED = {
+    "MambaMixer": "its Mamba mixers multiply by dt_proj's weight directly (transformers' MambaMixer has no path for "
+                  "a quantized model, as Jamba's and Falcon-Mamba's have), and bitsandbytes packs that weight into "
+                  "4-bit bytes",
+}
+"""Module classes whose forward reads a quantized Linear's weight as a tensor, so that a 4-bit run fails at its
+first forward (and the simulation with it), by class name: the reason, for `--peft qlora`'s refusal. Guarded by
+tests/unit/test_estimate.py (each still reads the weight, and fails in the simulation without the refusal)."""
 
 POSITIVE = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
             "intermediate_size", "vocab_size", "max_position_embeddings")
