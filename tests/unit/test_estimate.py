@@ -113,6 +113,32 @@ def test_gpt2_qlora_quantizes_its_conv1d_layers_as_transformers_does():
     assert final.weights == states.weights(states.inventory(tiny, setup, "bf16"))
 
 
+def test_qlora_on_the_hybrids_estimates_and_mamba_is_refused(tmp_path):
+    """transformers' quantizer marks a 4-bit model's config `_is_quantized`, and Jamba's (and Falcon-Mamba's)
+    mixer then calls its 4-bit dt_proj as a layer instead of multiplying by its packed uint8 weight: the
+    simulation marks it too, so QLoRA estimates on Jamba and the other hybrids. Mamba's mixer multiplies by the
+    weight whatever the mark (it would fail on a GPU too): one line naming --peft qlora refuses it, and the
+    simulation without that refusal still fails, so the refusal is not stale."""
+    from lab import registry
+    from trainmem.config.specs import QLORA_REFUSED
+    from trainmem.estimator.memory.simulate import model_builder, simulate_step
+
+    setup = TrainSetup(batch_size=1, seq_len=16, precision="bf16", peft="qlora", lora_r=4)
+    for t in ("jamba", "falcon_h1", "granitemoehybrid", "bamba", "zamba2", "mamba"):
+        registry.tiny_config(t).save_pretrained(tmp_path / t)
+    for t in ("jamba", "falcon_h1", "granitemoehybrid", "bamba", "zamba2"):
+        r = estimate(ModelSpec.resolve(str(tmp_path / t / "config.json")), setup, "simulate")
+        assert r.method == "simulate" and r.peak > r.model_states["weights"] > 0, t
+    mamba = ModelSpec.resolve(str(tmp_path / "mamba" / "config.json"))
+    with pytest.raises(SetupError) as e:
+        estimate(mamba, setup, "simulate")
+    [line] = e.value.problems
+    assert line.startswith("--peft qlora: ") and line.endswith("use --peft lora") and "dt_proj" in line
+    assert mamba.qlora_refusal == QLORA_REFUSED["MambaMixer"]
+    with pytest.raises(RuntimeError, match="uint8"):
+        simulate_step(model_builder(mamba, setup.resolved(mamba), "bf16", CATALOG["H200"]), setup.resolved(mamba))
+
+
 def test_simulation_records_the_build_and_cublas_workspaces_as_a_gpu_run_does():
     from trainmem.estimator.memory.simulate import model_builder, simulate_step
     from trainmem.hardware import cuda

@@ -171,3 +171,45 @@ def test_default_lora_targets_leave_out_what_peft_refuses_and_the_towers(tmp_pat
         assert lora_targets_note(spec, setup)
     assert adapted["mamba"] == {"in_proj", "x_proj", "dt_proj"}  # not out_proj
     assert adapted["phi4_multimodal"] == {"qkv_proj", "o_proj"}  # the towers' q/k/v/out_proj left out
+
+
+def test_all_linear_leaves_out_what_peft_refuses_and_a_refused_target_is_one_line(tmp_path):
+    """peft refuses LoRA on a Mamba mixer's out_proj and conv1d on the model types it lists (Falcon-H1 among
+    them), and its all-linear would adapt out_proj: all-linear becomes every other Linear's name, which peft
+    accepts; naming a refused module is a setup error naming --lora-targets. Jamba's mixers peft adapts."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from lab import registry
+    from trainmem.config.setup import all_linear_targets, lora_targets_note, peft_refused
+    from trainmem.measure.build import add_adapters
+
+    for t in ("falcon_h1", "jamba"):
+        registry.tiny_config(t).save_pretrained(tmp_path / t)
+    falcon, jamba = (ModelSpec.resolve(str(tmp_path / t / "config.json")) for t in ("falcon_h1", "jamba"))
+    assert peft_refused(falcon) == ("conv1d", "out_proj") and peft_refused(jamba) == ()
+
+    setup = TrainSetup(peft="lora", lora_r=4, seq_len=32, lora_targets=["all-linear"]).validate(falcon)
+    assert setup.lora_targets == all_linear_targets(falcon)
+    assert {"in_proj", "q_proj", "o_proj", "down_proj"} <= set(setup.lora_targets)
+    assert not {"out_proj", "conv1d", "lm_head"} & set(setup.lora_targets)
+    with torch.device("meta"):
+        model = add_adapters(AutoModelForCausalLM.from_config(falcon.hf_config()), setup)
+    adapted = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if hasattr(m, "lora_A")}
+    assert adapted == set(setup.lora_targets)
+    assert "all-linear names every Linear layer but the output head and out_proj" in lora_targets_note(falcon, setup)
+
+    for targets, fix in ((["out_proj"], "drop out_proj"), (["q_proj", "mamba.conv1d"], "drop mamba.conv1d"),
+                         ([r"^.*\.(out_proj|q_proj)$"], "make the regex match no out_proj")):
+        with pytest.raises(SetupError) as e:
+            TrainSetup(peft="lora", seq_len=32, lora_targets=targets).validate(falcon)
+        [line] = e.value.problems
+        assert line.startswith("--lora-targets: peft refuses LoRA on ") and "falcon_h1 models" in line, line
+        assert fix in line and "all-linear" in line, line
+    with pytest.raises(SetupError) as e:  # the layers it lists as adaptable leave out what peft refuses
+        TrainSetup(peft="lora", seq_len=32, lora_targets=["qproj"]).validate(falcon)
+    assert "out_proj" not in e.value.problems[0] and "in_proj" in e.value.problems[0]
+
+    for targets in (["all-linear"], ["out_proj"]):
+        setup = TrainSetup(peft="lora", lora_r=4, seq_len=32, lora_targets=targets).validate(jamba)
+        assert setup.lora_targets == targets

@@ -157,7 +157,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
     # allenai/OLMoE-1B-7B-0924: every size field below is quoted alike by several repositories' partial copies
     # (e.g. a moe_engine test fixture "The fields of allenai/OLMoE-1B-7B-0924's config.json that the adapter
-    # reads"); one of them gives torch_dtype float32, none gives another. Found by code search, no full copy.
+    # reads"); one of them gives torch_dtype float32. Found by code search, no full copy. float32 is kept (issue 41
+    # asked whether the hub checkpoint is bf16): transformers' own conversion script for OLMoE
+    # (models/olmoe/convert_olmoe_weights_to_hf.py) reloads the converted weights with torch_dtype=torch.float32 and
+    # saves them so; of two test fixtures that pair the published sizes with a dtype, one says float32, the other
+    # bfloat16; the hub file itself was not reachable. `--precision auto` prices fp32 on CUDA.
     "olmoe-1b-7b": dict(
         model_type="olmoe", hidden_size=2048, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=16,
         intermediate_size=1024, num_experts=64, num_experts_per_tok=8, norm_topk_prob=False,

@@ -307,6 +307,9 @@ class TrainSetup:
             out += _target_problems(spec, self.lora_targets)
         if self.peft in ("lora", "qlora") and _whole(self.lora_r) and 1 <= self.lora_r <= MAX_WHOLE:
             out += _rank_bound_problems(spec, self.lora_r, self.lora_targets)
+        if self.peft == "qlora" and spec.qlora_refusal:
+            out.append(f"--peft qlora: {spec.name} cannot train with 4-bit weights: {spec.qlora_refusal}; use "
+                       "--peft lora")
         if self.lora_experts is True and self.peft != "none" and not spec.expert_parameters:
             out.append(f"--lora-experts: {spec.name} has no fused expert weights (a mixture of experts' 3-D "
                        "experts parameters) to adapt; drop --lora-experts")
@@ -362,10 +365,14 @@ class TrainSetup:
     def resolved(self, spec: Any) -> TrainSetup:
         """This setup with `attention: auto` made the kernel transformers picks for `spec`'s model, and, under
         LoRA with no `lora_targets` on a model peft has no default for, the targets trainmem picks
-        (`default_lora_targets`), so that the run, the estimate and the row all name them."""
+        (`default_lora_targets`), and `all-linear` on a model where peft refuses some Linears the others
+        (`all_linear_targets`), so that the run, the estimate and the row all name them."""
         out = self.replace(attention=spec.attentions[0]) if self.attention == "auto" else self
         if out.peft in ("lora", "qlora") and not out.lora_targets:
             targets = default_lora_targets(spec)
+            out = out.replace(lora_targets=targets) if targets else out
+        elif out.peft in ("lora", "qlora") and out.lora_targets == ["all-linear"]:
+            targets = all_linear_targets(spec)
             out = out.replace(lora_targets=targets) if targets else out
         return out
 
@@ -393,8 +400,29 @@ ATTENTION_PARTS = ("attn", "attention")
 TOWERS = re.compile(r"vision|visual|image|audio|vq|speech")
 """A module whose qualified name matches this is in a vision or audio tower, not the language model."""
 
-MAMBA_REFUSED = ("out_proj", "conv1d")
-"""Names peft's LoRA refuses on Mamba models (tuners_utils `_check_lora_target_modules_mamba`)."""
+
+def peft_refused(spec: Any) -> tuple[str, ...]:
+    """The module names peft's LoRA refuses to adapt on this model, asked of peft's own check (tuners_utils
+    `_check_lora_target_modules_mamba`, which raises when a module it would adapt has one of these names):
+    `out_proj` and `conv1d`, a Mamba mixer's, on the model types peft lists (Falcon-H1, Mamba, Mamba-2,
+    Falcon-Mamba, Nemotron-H in peft 0.21); none on the other hybrids (Jamba, Bamba, Zamba2, Granite-4.0-H),
+    whose mixers peft adapts. Only names of the model's own adaptable modules are asked; sorted."""
+    from types import SimpleNamespace
+
+    try:
+        from peft import LoraConfig
+        from peft.tuners.tuners_utils import _check_lora_target_modules_mamba as check
+    except ImportError:  # a peft without the check refuses nothing
+        return ()
+    config = LoraConfig(r=1)
+    model = SimpleNamespace(config=SimpleNamespace(model_type=spec.built_model_type))
+    refused = []
+    for name in sorted({n.rsplit(".", 1)[-1] for n, kind in spec.modules.items() if kind in ADAPTABLE and n}):
+        try:
+            check(config, model, name)
+        except ValueError:
+            refused.append(name)
+    return tuple(refused)
 
 
 def default_lora_targets(spec: Any) -> list[str] | None:
@@ -414,17 +442,13 @@ def default_lora_targets(spec: Any) -> list[str] | None:
 def _pick(spec: Any) -> tuple[list[str], str]:
     """`default_lora_targets`' pick where peft has none, and what it is in words (for `lora_targets_note`)."""
     modules = spec.modules
-    linear = [n for n, kind in modules.items()
-              if kind in ("Linear", "Conv1D") and "lora_" not in n and n and n != spec.output_embedding]
-    attention = [n for n in linear if any(w in part.lower() for part in n.split(".")[:-1] for w in ATTENTION_PARTS)]
+    attention = [n for n in _linears(spec)
+                 if any(w in part.lower() for part in n.split(".")[:-1] for w in ATTENTION_PARTS)]
     towers = [n for n in attention if TOWERS.search(n)]
     names = {n.rsplit(".", 1)[-1] for n in attention if n not in towers}
     what = "the Linear layers of its attention blocks"
-    if any("Mamba" in kind for kind in modules.values()):
-        if not names:
-            names, what = {n.rsplit(".", 1)[-1] for n in linear}, "every Linear layer but the output head"
-        names -= set(MAMBA_REFUSED)
-        what += f" and its Mamba mixers' {' and '.join(MAMBA_REFUSED)} (peft refuses them)"
+    if not names and peft_refused(spec):  # a Mamba model: its Linears but those peft refuses, named
+        names, what = _all_linear_names(spec), f"every Linear layer but the output head and {_refused_words(spec)}"
     names -= {n.rsplit(".", 1)[-1] for n, kind in modules.items() if kind not in ADAPTABLE}
     if not names:
         return ["all-linear"], "every Linear layer but the output head (it has no attention projections)"
@@ -432,6 +456,35 @@ def _pick(spec: Any) -> tuple[list[str], str]:
         return ([rf"^(?!.*({TOWERS.pattern})).*\.({'|'.join(sorted(names))})$"],
                 f"{what} outside its vision and audio towers (a regex)")
     return sorted(names), what
+
+
+def _linears(spec: Any) -> list[str]:
+    """The modules `all-linear` adapts: every Linear (and GPT-2's Conv1D) but the output head."""
+    return [n for n, kind in spec.modules.items()
+            if kind in ("Linear", "Conv1D") and "lora_" not in n and n and n != spec.output_embedding]
+
+
+def _all_linear_names(spec: Any) -> set[str]:
+    """The names of `_linears` but those peft refuses on the model and those that also name a module LoRA cannot
+    adapt."""
+    names = {n.rsplit(".", 1)[-1] for n in _linears(spec)} - set(peft_refused(spec))
+    return names - {n.rsplit(".", 1)[-1] for n, kind in spec.modules.items() if kind not in ADAPTABLE}
+
+
+def _refused_words(spec: Any) -> str:
+    """The Linears' names peft refuses on the model, in words."""
+    linear = {n.rsplit(".", 1)[-1] for n in _linears(spec)}
+    names = " and ".join(n for n in peft_refused(spec) if n in linear)
+    return f"{names}, which peft refuses on {spec.built_model_type} models"
+
+
+def all_linear_targets(spec: Any) -> list[str] | None:
+    """What `all-linear` becomes on a model where peft would adapt a Linear it then refuses (a Mamba mixer's
+    `out_proj` on Falcon-H1, Mamba, Nemotron-H): every other Linear's name, so that `all-linear` never fails;
+    None where peft takes `all-linear` as it is."""
+    if not set(peft_refused(spec)) & {n.rsplit(".", 1)[-1] for n in _linears(spec)}:
+        return None
+    return sorted(_all_linear_names(spec)) or None
 
 
 def is_regex(targets: list[str] | None) -> bool:
@@ -476,26 +529,45 @@ def _peft_default_works(spec: Any) -> bool:
 
 
 def lora_targets_note(spec: Any, setup: TrainSetup) -> str | None:
-    """Says which LoRA targets trainmem picked where peft has no default for the model, and how to choose."""
-    if setup.peft == "none" or not setup.lora_targets or setup.lora_targets != default_lora_targets(spec):
+    """Says which LoRA targets trainmem picked where peft has no default for the model, or what `all-linear`
+    became where peft refuses some of the model's Linears, and how to choose."""
+    if setup.peft == "none" or not setup.lora_targets:
         return None
+    if setup.lora_targets != default_lora_targets(spec):
+        if setup.lora_targets != all_linear_targets(spec):
+            return None
+        return (f"LoRA targets: all-linear names every Linear layer but the output head and "
+                f"{_refused_words(spec)}: {', '.join(setup.lora_targets)}")
     what = _pick(spec)[1]
     return (f"LoRA targets: peft has no default for {spec.model_type} models that names their layers; adapting {what}: "
             f"{', '.join(setup.lora_targets)} (--lora-targets chooses others)")
 
 
 def _target_problems(spec: Any, targets: list[str]) -> list[str]:
-    """`--lora-targets` that name no adaptable module of the model, found from its config before anything is
-    built. peft matches a target against a module's whole name or its last dotted parts."""
+    """`--lora-targets` that name no adaptable module of the model, or a module peft refuses on it
+    (`peft_refused`), found from its config before anything is built. peft matches a target against a module's
+    whole name or its last dotted parts."""
     modules = spec.modules
-    adaptable = sorted({n.rsplit(".", 1)[-1] for n, cls in modules.items() if cls in ADAPTABLE and n})
+    refused = peft_refused(spec)
+    adaptable = sorted({n.rsplit(".", 1)[-1] for n, cls in modules.items() if cls in ADAPTABLE and n} - set(refused))
+    out = []
     missing = [t for t in targets if not any(_targeted(n, [t]) and cls in ADAPTABLE for n, cls in modules.items())]
-    if not missing:
-        return []
-    none_left = len(missing) == len(targets)
-    return [f"--lora-targets: {spec.name} has no adaptable module named {', '.join(map(repr, missing))}"
-            + ("; the model would have no trainable parameters" if none_left else "")
-            + f"; its layers that LoRA can adapt: {', '.join(adaptable)} (or all-linear)"]
+    if missing:
+        none_left = len(missing) == len(targets)
+        out.append(f"--lora-targets: {spec.name} has no adaptable module named {', '.join(map(repr, missing))}"
+                   + ("; the model would have no trainable parameters" if none_left else "")
+                   + f"; its layers that LoRA can adapt: {', '.join(adaptable)} (or all-linear)")
+    hits = {t: sorted({n.rsplit(".", 1)[-1] for n, cls in modules.items()
+                       if cls in ADAPTABLE and n.rsplit(".", 1)[-1] in refused and _targeted(n, [t])})
+            for t in ([targets[0]] if is_regex(targets) else targets)}
+    hit = sorted({name for names in hits.values() for name in names})
+    if hit:  # peft's get_peft_model raises on the first of them
+        fix = (f"make the regex match no {' or '.join(hit)}" if is_regex(targets)
+               else f"drop {' and '.join(t for t, names in hits.items() if names)}")
+        out.append(f"--lora-targets: peft refuses LoRA on {' and '.join(hit)} in {spec.built_model_type} models (it "
+                   f"refuses {' and '.join(refused)}, the Mamba mixers' layers); {fix}, or use all-linear, which "
+                   "leaves them out")
+    return out
 
 
 def _rank_bound_problems(spec: Any, r: int, targets: list[str] | None) -> list[str]:
@@ -508,7 +580,7 @@ def _rank_bound_problems(spec: Any, r: int, targets: list[str] | None) -> list[s
     )
 
     names = targets or default_lora_targets(spec) or defaults.get(spec.model_type)
-    names = None if names == ["all-linear"] else names
+    names = all_linear_targets(spec) if names == ["all-linear"] else names
     shapes = {n: shape for n, shape in spec.weight_shapes.items() if spec.modules.get(n) in ADAPTABLE}
     if names:
         adapted = {n: shape for n, shape in shapes.items() if _targeted(n, names)}
@@ -585,4 +657,6 @@ def from_training_arguments(args: Any, model: Any = None, **overrides: Any) -> T
     return setup.replace(**overrides) if overrides else setup
 
 
-__all__ = ["TrainSetup", "from_training_arguments", "default_lora_targets", "lora_targets_note", "training_arguments_values", "ENGINES", "PEFTS", "PRECISIONS", "OPTIMIZERS", "ATTENTIONS", "is_regex", "peft_targets"]
+__all__ = ["TrainSetup", "from_training_arguments", "default_lora_targets", "all_linear_targets", "peft_refused",
+           "lora_targets_note", "training_arguments_values", "ENGINES", "PEFTS", "PRECISIONS", "OPTIMIZERS",
+           "ATTENTIONS", "is_regex", "peft_targets"]

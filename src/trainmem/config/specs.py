@@ -164,9 +164,9 @@ class ModelSpec:
         return CONFIG_MAPPING[self.model_type](**fields)
 
     @cached_property
-    def _meta(self) -> tuple[int, dict[str, str], dict[str, tuple[int, ...]], str | None, tuple[str, ...]]:
+    def _meta(self) -> tuple[int, dict[str, str], dict[str, tuple[int, ...]], str | None, tuple[str, ...], str]:
         """One meta-device model (no memory, no init), read for its parameter count, its modules, their
-        weights' shapes and the name of its output embedding."""
+        weights' shapes, the name of its output embedding, its fused expert weights and its model type."""
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -179,7 +179,8 @@ class ModelSpec:
         experts = sorted({re.sub(r"^.*?\.\d+\.", "", n) for n, p in model.named_parameters()
                           if p.dim() == 3 and ".experts." in n})
         return (sum(p.numel() for p in model.parameters()), {n: _kind(m) for n, m in modules.items()},
-                shapes, next((n for n, m in modules.items() if m is head), None), tuple(experts))
+                shapes, next((n for n, m in modules.items() if m is head), None), tuple(experts),
+                str(model.config.model_type))
 
     def build_problem(self) -> str | None:
         """Why transformers cannot build this model (on the meta device: no memory) although it loads the config:
@@ -218,6 +219,12 @@ class ModelSpec:
         (`mlp.experts.gate_up_proj`): what `--lora-experts` hands peft as `target_parameters`. Empty for a model
         without them (dense models, experts kept as separate Linears)."""
         return self._meta[4]
+
+    @property
+    def built_model_type(self) -> str:
+        """The `model_type` of the model `AutoModelForCausalLM` builds: the config's, or its text model's where it
+        builds that from a composite config (llama4 -> llama4_text). What peft looks its rules up by."""
+        return self._meta[5]
 
     @property
     def output_embedding(self) -> str | None:
@@ -266,6 +273,12 @@ class ModelSpec:
         dtype = self.config.get("dtype") or self.config.get("torch_dtype") or "float32"
         return str(dtype).replace("torch.", "")
 
+    @property
+    def qlora_refusal(self) -> str | None:
+        """Why this model cannot train with 4-bit weights (`QLORA_REFUSED`), None where it can."""
+        kinds = set(self.modules.values())
+        return next((why for cls, why in QLORA_REFUSED.items() if cls in kinds), None)
+
     def describe(self) -> dict[str, Any]:
         """What a row records about the model: name, source, type, path, parameter count."""
         return {"name": self.name, "source": self.source, "model_type": self.model_type,
@@ -284,6 +297,15 @@ def _kind(module: Any) -> str:
             return kind.__name__
     return type(module).__name__
 
+
+QLORA_REFUSED = {
+    "MambaMixer": "its Mamba mixers multiply by dt_proj's weight directly (transformers' MambaMixer has no path for "
+                  "a quantized model, as Jamba's and Falcon-Mamba's have), and bitsandbytes packs that weight into "
+                  "4-bit bytes",
+}
+"""Module classes whose forward reads a quantized Linear's weight as a tensor, so that a 4-bit run fails at its
+first forward (and the simulation with it), by class name: the reason, for `--peft qlora`'s refusal. Guarded by
+tests/unit/test_estimate.py (each still reads the weight, and fails in the simulation without the refusal)."""
 
 POSITIVE = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
             "intermediate_size", "vocab_size", "max_position_embeddings")

@@ -156,12 +156,26 @@ def load_4bit(model: torch.nn.Module, names: set[str], compute_dtype: torch.dtyp
             setattr(modules[parent] if parent else model, child, Linear4bit(modules[owner], compute_dtype))
         else:
             p.data = torch.empty_like(p)
+    mark_quantized(model)
     kept = {id(m.bias) for m in model.modules() if isinstance(m, Linear4bit) and m.bias is not None}
     for p in model.parameters():
         # a 4-bit Linear's bias stays in the load dtype (measured on the H200: weights exact in every row)
         if p.dtype in (torch.float16, torch.bfloat16) and id(p) not in kept:
             p.data = p.data.to(torch.float32)
         p.requires_grad_(False)
+
+
+def mark_quantized(model: torch.nn.Module) -> None:
+    """What transformers' quantizer does after a 4-bit load (`quantizers/base.py` `_assign_is_quantized`): the
+    config of every `PreTrainedModel` in the model says `_is_quantized`. Mamba mixers read it: Jamba's and
+    Falcon-Mamba's then call their `dt_proj` as a layer (its 4-bit forward) instead of multiplying by its
+    `weight`, which is packed uint8 once quantized (without the mark the simulation multiplied a uint8 weight by
+    the activations). Mamba's own mixer has no such path (`config.specs.QLORA_REFUSED`)."""
+    from transformers import PreTrainedModel
+
+    for module in model.modules():
+        if isinstance(module, PreTrainedModel):
+            module.config._is_quantized = True
 
 
 def qlora_model(base: torch.nn.Module, lora_config: Any, compute_dtype: torch.dtype, ledger: TensorLedger,
