@@ -157,9 +157,9 @@ def test_a_repeated_step_settles_once_the_layout_comes_back():
     """Under a 64 MiB cap the first step leaves segments of 30 and 32 MiB; the next, carving t2 out of the
     32, releases the 30 and leaves 32 and 32; the one after leaves 32 and 32 again: settled after two."""
     a = replay(STEP, cap=64 * MiB)
-    assert a.layout() == (((30 * MiB, True),), ((32 * MiB, True),))
+    assert a.layout() == ((0, (30 * MiB, True)), (0, (32 * MiB, True)))  # (stream, blocks...) per segment
     assert repeat_until_settled(a, STEP, limit=8) == 2
-    assert a.layout() == (((32 * MiB, True),), ((32 * MiB, True),))
+    assert a.layout() == ((0, (32 * MiB, True)), (0, (32 * MiB, True)))
     assert a.peak_reserved == 64 * MiB
     assert repeat_until_settled(replay(STEP, cap=64 * MiB), STEP, limit=1) is None  # the limit came first
 
@@ -210,3 +210,26 @@ def test_trace_steps_prints_each_steps_peaks_of_a_recorded_trace(tmp_path, capsy
     assert "window 1: peak allocated 0.029 GiB, reserved 0.029 GiB" in lines[1]
     assert "window 2: peak allocated 0.029 GiB, reserved 0.029 GiB" in lines[2]
     assert "window 3 (to the end): peak allocated 0.059 GiB, reserved 0.059 GiB" in lines[3]
+
+
+def test_a_stream_reuses_only_its_own_free_blocks():
+    """A block freed on a side stream (FSDP2's copy-in stream) serves that stream again, never the default one:
+    the default stream's same-sized request reserves a segment of its own."""
+    from trainmem.measure.ledger import STREAM
+
+    events = [(STREAM, 1), ("gather", 40 * MiB), ("gather", -1), (STREAM, 0), ("act", 40 * MiB), ("act", -1),
+              (STREAM, 1), ("again", 40 * MiB)]
+    a = replay(events)
+    assert a.peak_reserved == 80 * MiB  # one segment per stream; the side stream's is reused
+    assert sorted(seg[0] for seg in a.layout()) == [0, 1]
+    one = replay([(k, n) for k, n in events if k != STREAM])
+    assert one.peak_reserved == 40 * MiB  # one stream: the same block serves all three
+
+
+def test_a_recorded_trace_keeps_its_streams():
+    """`trace_events` numbers a CUDA trace's streams in the order they first allocate and switches between them."""
+    from trainmem.measure.ledger import STREAM
+
+    trace = [("alloc", 1, 512, 0, ""), ("alloc", 2, 512, 7001, ""), ("free_completed", 2, 512, 7001, ""),
+             ("alloc", 3, 512, 0, "")]
+    assert list(trace_events(trace)) == [(1, 512), (STREAM, 1), (2, 512), (2, -1), (STREAM, 0), (3, 512)]

@@ -126,6 +126,8 @@ def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None)
 
 EMPTY_CACHE = "empty_cache"
 """The key of a recorded event that releases the allocator's cached free segments."""
+STREAM = "stream"
+"""The key of a recorded event whose bytes name the stream later allocations are made on (0: the default)."""
 
 
 class TensorLedger(TorchDispatchMode):
@@ -182,6 +184,12 @@ class TensorLedger(TorchDispatchMode):
         """Record a `torch.cuda.empty_cache()` for the allocator replay (peft calls it after its fp32 casts)."""
         if self.events is not None:
             self.events.append((EMPTY_CACHE, 0))
+
+    def use_stream(self, stream: int) -> None:
+        """Record that the next allocations are made on `stream` (0: the default; FSDP2's collectives
+        allocate on streams of their own, whose blocks the caching allocator keeps apart)."""
+        if self.events is not None:
+            self.events.append((STREAM, stream))
 
     def set_phase(self, phase: str) -> None:
         """Name the phase that the next allocations belong to (those of a `forward` phase count as activations)."""

@@ -3,8 +3,8 @@
 `torch.cuda.max_memory_reserved` is what decides an OOM, and it is not a fixed multiple of the allocated
 peak: measured on the H200 it ranged from 1.02x to 1.29x across setups, depending on the sizes and the
 order in which tensors come and go. This module applies the allocator's own policy
-(c10/cuda/CUDACachingAllocator.cpp, default settings, one stream) to an ordered list of alloc/free events,
-such as the simulate method's tensor ledger records:
+(c10/cuda/CUDACachingAllocator.cpp, default settings) to an ordered list of alloc/free events, such as the
+simulate method's tensor ledger records:
 
 - sizes round up to 512 bytes; requests up to 1 MiB use the small pool, larger ones the large pool;
 - a request no cached block can hold reserves a new segment: 2 MiB for small requests, 20 MiB for
@@ -12,6 +12,9 @@ such as the simulate method's tensor ledger records:
 - the smallest cached block that holds the request is used (best fit, lowest address on ties) and split
   when the rest is at least 512 bytes (small pool) or more than 1 MiB (large pool);
 - a freed block merges with free neighbours in its segment and stays reserved;
+- each stream has its own segments and free blocks: a block freed by one stream's tensor serves only that
+  stream's later requests (FSDP2 allocates its all-gather buffers on a copy-in stream and its sharded gradients
+  on a reduce-scatter stream; a `measure.STREAM` event switches the stream the next requests are made on);
 - under a memory cap (`torch.cuda.set_per_process_memory_fraction`, what `--gpu NAME` sets), a segment
   that would cross the cap first releases every fully free segment and retries; if that still fails the
   request is an out-of-memory error.
@@ -54,6 +57,7 @@ class _Block:
     size: int
     small: bool
     segment: int
+    stream: int = 0
     prev: _Block | None = None
     next: _Block | None = None
     free: bool = True
@@ -79,7 +83,9 @@ class CachingAllocator:
     allocated: int = 0
     peak_reserved: int = 0
     peak_allocated: int = 0
-    _pools: dict[bool, list[tuple[int, int, _Block]]] = field(default_factory=lambda: {True: [], False: []})
+    stream: int = 0
+    """The stream the next requests are made on (0: the default stream)."""
+    _pools: dict[tuple[int, bool], list[tuple[int, int, _Block]]] = field(default_factory=dict)
     _live: dict[object, _Block] = field(default_factory=dict)
     _segments: dict[int, _Block] = field(default_factory=dict)
     _next_addr: int = 1 << 48
@@ -117,13 +123,13 @@ class CachingAllocator:
                 del self._segments[seg]
                 self.reserved -= head.size
 
-    def layout(self) -> tuple[tuple[tuple[int, bool], ...], ...]:
-        """Every segment, oldest first, as its blocks' (size, free) in address order: what decides where
-        the next requests go (absolute addresses only order the segments)."""
+    def layout(self) -> tuple[tuple[Any, ...], ...]:
+        """Every segment, oldest first, as its stream and its blocks' (size, free) in address order: what
+        decides where the next requests go (absolute addresses only order the segments)."""
         out = []
         for seg in sorted(self._segments, reverse=True):
             block: _Block | None = self._segments[seg]
-            blocks = []
+            blocks: list[Any] = [self._segments[seg].stream]
             while block is not None:
                 blocks.append((block.size, block.free))
                 block = block.next
@@ -135,12 +141,11 @@ class CachingAllocator:
 
     # --- policy ---------------------------------------------------------------------------------------
     def _best_fit(self, small: bool, size: int) -> _Block | None:
-        pool = self._pools[small]
+        pool = self._pools.get((self.stream, small), ())
         i = bisect.bisect_left(pool, (size, -1))
         if i == len(pool):
             return None
-        block = pool.pop(i)[2]
-        return block
+        return pool.pop(i)[2]  # type: ignore[union-attr]
 
     def _new_segment(self, small: bool, size: int) -> _Block:
         seg = segment_size(size)
@@ -151,7 +156,7 @@ class CachingAllocator:
         # the driver hands out virtual addresses top-down (H200 traces), so a newer segment has a lower
         # address and wins the allocator's best-fit ties, which break on address
         self._next_addr -= seg
-        block = _Block(self._next_addr, seg, small, self._next_addr)
+        block = _Block(self._next_addr, seg, small, self._next_addr, self.stream)
         self._segments[block.segment] = block
         self.reserved += seg
         self.peak_reserved = max(self.peak_reserved, self.reserved)
@@ -160,7 +165,8 @@ class CachingAllocator:
     def _split(self, block: _Block, size: int) -> None:
         rest = block.size - size
         if rest >= MIN_BLOCK if block.small else rest > SMALL_SIZE:
-            tail = _Block(block.addr + size, rest, block.small, block.segment, prev=block, next=block.next)
+            tail = _Block(block.addr + size, rest, block.small, block.segment, block.stream, prev=block,
+                          next=block.next)
             if block.next is not None:
                 block.next.prev = tail
             block.next, block.size = tail, size
@@ -175,10 +181,10 @@ class CachingAllocator:
         return first
 
     def _pool(self, block: _Block) -> None:
-        bisect.insort(self._pools[block.small], (block.size, block.addr, block))
+        bisect.insort(self._pools.setdefault((block.stream, block.small), []), (block.size, block.addr, block))
 
     def _unpool(self, block: _Block) -> None:
-        pool = self._pools[block.small]
+        pool = self._pools[(block.stream, block.small)]
         i = bisect.bisect_left(pool, (block.size, block.addr))
         assert pool[i][2] is block
         pool.pop(i)
@@ -187,13 +193,15 @@ class CachingAllocator:
 def replay(events: Iterable[tuple[object, int]], cap: int | None = None,
            allocator: CachingAllocator | None = None) -> CachingAllocator:
     """Apply (key, bytes) events in order: bytes > 0 allocates for key, bytes < 0 frees key's block,
-    the key `measure.EMPTY_CACHE` releases the cached free segments.
-    Raises AllocatorOOM where a capped allocator runs out."""
-    from trainmem.measure.ledger import EMPTY_CACHE
+    the key `measure.EMPTY_CACHE` releases the cached free segments, the key `measure.STREAM` makes stream
+    `bytes` the one later requests are made on. Raises AllocatorOOM where a capped allocator runs out."""
+    from trainmem.measure.ledger import EMPTY_CACHE, STREAM
 
     a = allocator or CachingAllocator(cap=cap)
     for key, n in events:
-        if key == EMPTY_CACHE:
+        if key == STREAM:
+            a.stream = n
+        elif key == EMPTY_CACHE:
             a.empty_cache()
         elif n < 0:
             a.free(key)
@@ -223,14 +231,15 @@ def repeat_until_settled(a: CachingAllocator, step: Sequence[tuple[object, int]]
     repetitions replayed, None where `limit` came first or the step is not self-contained (it keeps
     something for the next one, which repeating under new keys would leak). Raises AllocatorOOM as
     `replay` does."""
-    from trainmem.measure.ledger import EMPTY_CACHE
+    from trainmem.measure.ledger import EMPTY_CACHE, STREAM
 
-    allocs = {k for k, n in step if n > 0}
+    special = (EMPTY_CACHE, STREAM)
+    allocs = {k for k, n in step if n > 0 and k not in special}
     if allocs - {k for k, n in step if n < 0}:
         return None
     seen = {a.layout()}
     for rep in range(1, limit + 1):
-        replay((((k if k == EMPTY_CACHE else (k, rep)), n) for k, n in step), allocator=a)
+        replay((((k if k in special else (k, rep)), n) for k, n in step), allocator=a)
         state = a.layout()
         if state in seen:
             return rep
@@ -242,13 +251,20 @@ def trace_events(trace: Sequence[Sequence[Any]]) -> Iterator[tuple[object, int]]
     """A recorded CUDA allocator trace as `replay` events: `benchmarks/allocator_trace.py` keeps
     (action, address, size, stream, frames) per event of `torch.cuda.memory._snapshot()`. Each alloc and
     completed free, an `empty_cache` where a run of segments went back to the driver, and the request that
-    ran out of memory (`oom`), after which the trace ends."""
-    from trainmem.measure.ledger import EMPTY_CACHE
+    ran out of memory (`oom`), after which the trace ends. Streams are numbered in the order they first
+    allocate, the default stream 0."""
+    from trainmem.measure.ledger import EMPTY_CACHE, STREAM
 
-    for i, (action, addr, size, *_rest) in enumerate(trace):
+    streams: dict[int, int] = {0: 0}
+    current = 0
+    for i, (action, addr, size, *rest) in enumerate(trace):
         if action == "segment_free" and trace[i - 1][0] != "segment_free":
             yield EMPTY_CACHE, 0
         elif action == "alloc":
+            stream = streams.setdefault(rest[0] if rest else 0, len(streams))
+            if stream != current:
+                current = stream
+                yield STREAM, stream
             yield addr, size
         elif action == "free_completed":
             yield addr, -1
