@@ -21,6 +21,7 @@
     python benchmarks/validate.py held-out-17 OUT_DIR [INDEX ...] # HELD_OUT_17: LoRA on fused expert weights
     python benchmarks/validate.py moe-explore OUT_DIR [INDEX ...] # MOE_EXPLORE: in-sample MoE and hybrid runs
     python benchmarks/validate.py sharded OUT_DIR [INDEX ...]     # SHARDED: FSDP2 ranks through the fake group
+    python benchmarks/validate.py sharded-2 OUT_DIR [INDEX ...]   # SHARDED_2: the same, held out for the streams
     python benchmarks/validate.py compare JSONL       # anywhere: the error table (docs/lab/estimate-validation.md)
 
 Three architectures (GPT-NeoX, Llama, Qwen2), full/LoRA/QLoRA, fp32/fp16/bf16/amp, checkpointing on
@@ -623,6 +624,23 @@ SHARDED: list[tuple[str, dict]] = [
 """Issue 17: one FSDP2 rank (rank 0 unless given) of an N-GPU run, measured on one GPU through the fake
 process group. All held out: the sharded simulation was committed (913a9c0) before any of these ran."""
 
+SHARDED_2: list[tuple[str, dict]] = [
+    ("qwen", dict(precision="bf16", batch_size=4, seq_len=2048, gpus=8, peft="lora", checkpointing=True)),
+    ("llama3b", dict(precision="amp-bf16", batch_size=2, seq_len=2048, gpus=16, checkpointing=True)),
+    ("mistral", dict(precision="bf16", batch_size=2, seq_len=1024, gpus=16, peft="lora", **ALL)),
+    ("llama8b", dict(precision="amp-bf16", batch_size=1, seq_len=2048, gpus=16, checkpointing=True)),
+    ("gemma2", dict(precision="amp-bf16", batch_size=2, seq_len=1024, gpus=4, checkpointing=True)),
+    ("qwen3", dict(precision="bf16", batch_size=8, seq_len=1024, gpus=8)),
+    ("qwen7b", dict(precision="bf16", batch_size=2, seq_len=2048, gpus=8, checkpointing=True)),
+    ("phi3", dict(precision="amp-bf16", batch_size=2, seq_len=1024, gpus=32, checkpointing=True)),
+    ("olmo2", dict(precision="bf16", batch_size=4, seq_len=1024, gpus=2, peft="lora")),
+    ("llama", dict(precision="bf16", batch_size=8, seq_len=1024, gpus=4, grad_accum=2)),
+    ("stablelm", dict(precision="amp-bf16", batch_size=4, seq_len=1024, gpus=8, rank=3)),
+    ("qwen3moe", dict(precision="bf16", batch_size=1, seq_len=1024, gpus=8, peft="lora", checkpointing=True)),
+]
+"""Issue 40: twelve FSDP2 ranks over eight families, chosen at a28d435, the commit whose allocator replay keeps
+FSDP2's streams apart, before any of them ran: held out for `peak_reserved` (and `peak_allocated`)."""
+
 
 def measure(out_dir: str) -> int:
     import torch
@@ -679,9 +697,10 @@ if __name__ == "__main__":
         sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], HELD_OUT_2, "validation-held-out-2.jsonl"))
     if cmd == "held-out-3":
         sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], HELD_OUT_3, "validation-held-out-3.jsonl"))
-    if cmd == "sharded":
+    if cmd in ("sharded", "sharded-2"):
+        ranks = SHARDED if cmd == "sharded" else SHARDED_2
         sys.exit(isolated(arg, [int(a) for a in sys.argv[3:]], [(a, dict(kw, shard="fsdp", device="cuda"))
-                                                                 for a, kw in SHARDED], "validation-sharded.jsonl"))
+                                                                 for a, kw in ranks], f"validation-{cmd}.jsonl"))
     six_steps = {"held-out-4": HELD_OUT_4, "held-out-5": HELD_OUT_5, "held-out-6": HELD_OUT_6,
                  "held-out-7": HELD_OUT_7, "held-out-8": HELD_OUT_8, "held-out-9": HELD_OUT_9,
                  "held-out-10": HELD_OUT_10, "held-out-11": HELD_OUT_11, "held-out-12": HELD_OUT_12,
