@@ -354,7 +354,7 @@ def simulated_step(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU
     if setup.shard == "fsdp":
         return sharded.simulate_fsdp_rank(spec, setup, precision)[0]
     return simulate_step(model_builder(spec, setup, precision, card), setup, precision,
-                         workspace=card.cublas_workspace, flash=card.flash)[0]
+                         workspace=card.cublas_workspace, flash=card.flash, sms=card.sms)[0]
 
 
 def _simulate(spec: ModelSpec, setup: TrainSetup, precision: str, notes: list[str], card: GPU,
