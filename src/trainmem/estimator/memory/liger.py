@@ -73,9 +73,9 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             else:
                 logits = x_chunk @ weight.t()
             # the cross-entropy kernel writes the loss per row and the logits' gradient over the logits
-            if mm_out and logits.dtype == grad_input.dtype:
-                torch.mm(logits, weight, out=grad_input[start:end])
-            else:
+            # then grad_input's rows = grad_logits @ weight: `mm(out=...)` into them (nothing allocated; the meta
+            # device's `out=` would make new storage), else a product copied in
+            if not (mm_out and logits.dtype == grad_input.dtype):
                 w = region.cast(weight, region.dtype) if region is not None else weight
                 g = region.cast(logits, region.dtype) if region is not None else logits
                 grad_input[start:end] = g @ w
