@@ -16,6 +16,7 @@ from trainmem.config.setup import (
     ATTENTIONS,
     ENGINES,
     ESTIMATORS,
+    KERNELS,
     OPTIMIZERS,
     PEFTS,
     PRECISIONS,
@@ -41,6 +42,8 @@ SETUP_FLAGS: dict[str, tuple[str, str]] = {
     "--lr": ("lr", "learning rate (default 1e-4)"),
     "--lr-batch": ("lr_batch", "the effective batch --lr was tuned for (warns when this setup's differs)"),
     "--attention": ("attention", f"{'|'.join(ATTENTIONS)} (default auto: sdpa where the model's transformers class supports it, else eager)"),
+    "--kernels": ("kernels", f"{'|'.join(KERNELS)}: liger = liger-kernel's fused linear cross-entropy, RMSNorm, "
+                  "SwiGLU and RoPE for llama, mistral, qwen2 and qwen3 models (default none)"),
     "--steps": ("steps", "optimizer steps (default 3; step 2 is the first steady one)"),
     "--labels": ("labels", "dummy labels: random (independent token ids, default) | copy (labels = inputs)"),
     "--num-samples": ("num_samples", "dummy samples (default 64)"),

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmem.errors import SetupError
+from trainmem.hardware.cuda import LIGER_FAMILIES
 from trainmem.hardware.gpus import find_gpu, gpu_problem
 
 from .optimizers import OPTIMIZERS as OPTIMIZER_TABLE
@@ -29,6 +30,7 @@ LABELS = ("random", "copy")
 DATA_MODES = ("pad", "pack")
 DEVICES = ("auto", "cuda", "cpu")
 ENGINES = ("loop", "trainer")
+KERNELS = ("none", "liger")
 ESTIMATORS = ("auto", "analytic", "simulate")
 """How `trainmem.estimate` predicts (defined here, torch-free, so that the CLI's help needs no estimator)."""
 SHARDS = ("none", "ddp", "zero1", "zero2", "zero3", "fsdp")
@@ -75,6 +77,11 @@ class TrainSetup:
     attention: str = "auto"
     """`auto` (what transformers picks for the model: sdpa where its class supports it, else eager),
     `sdpa` or `eager`. `validate(spec)` makes `auto` the kernel it stands for, recorded in results."""
+    kernels: str = "none"
+    """`none` (transformers' own modules) or `liger`: liger-kernel's defaults for the model's family (its fused
+    linear cross-entropy, which never holds the logits, and its RMSNorm, SwiGLU and RoPE kernels), applied by
+    `run` as `apply_liger_kernel_to_<family>` applies them and priced by the estimate from liger-kernel's
+    sources (`trainmem.hardware.cuda.LIGER_FAMILIES`)."""
     steps: int = 3
     """Optimizer steps. Adam states exist only after step 1, so step 2 is the first steady one."""
     labels: str = "random"
@@ -185,7 +192,8 @@ class TrainSetup:
                        gradient_checkpointing_kwargs={"use_reentrant": False} if self.checkpointing else None,
                        bf16=self.precision == "amp-bf16", fp16=self.precision == "amp-fp16",
                        optim=trainer_name(self.optimizer), learning_rate=self.lr,
-                       seed=self.seed, max_steps=self.steps, use_cpu=self.device == "cpu")
+                       seed=self.seed, max_steps=self.steps, use_cpu=self.device == "cpu",
+                       use_liger_kernel=self.kernels == "liger")
         fields_.update(more)
         return TrainingArguments(**fields_)
 
@@ -226,6 +234,9 @@ class TrainSetup:
         choice("precision", self.precision, PRECISIONS)
         choice("optimizer", self.optimizer, tuple(OPTIMIZER_TABLE))  # read now: a row added at run time counts
         choice("attention", self.attention, ATTENTIONS)
+        choice("kernels", self.kernels, KERNELS)
+        if self.kernels == "liger" and self.distributed:
+            out.append("--kernels liger: modelled on one GPU; drop --gpus and --shard, or use --kernels none")
         choice("labels", self.labels, LABELS)
         choice("data-mode", self.data_mode, DATA_MODES)
         choice("device", self.device, DEVICES)
@@ -319,6 +330,9 @@ class TrainSetup:
             cls = getattr(spec.model_class, "__name__", spec.model_type)
             out.append(f"--attention: {spec.name} ({cls}) does not support {self.attention} in transformers "
                        f"{__version__}; use --attention {' or '.join(spec.attentions)}, or auto")
+        if self.kernels == "liger" and spec.model_type not in LIGER_FAMILIES:
+            out.append(f"--kernels liger: trainmem models Liger's kernels for {', '.join(LIGER_FAMILIES)} models, and "
+                       f"{spec.name} is {spec.model_type}; use --kernels none")
         if self.data is not None and spec.path is None:
             out.append(f"--data: {spec.name} has no tokenizer (a preset or a bare config.json); pass a "
                        "local model folder with tokenizer files as --model, or use the dummy data")

@@ -51,6 +51,9 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
     setup = (setup or TrainSetup()).validate(spec)
     if method not in METHODS:
         raise SetupError([f"--method: {method!r} is not one of {', '.join(METHODS)}"])
+    if method == "analytic" and setup.kernels == "liger":
+        raise SetupError(["--method analytic: does not model --kernels liger (Liger's kernels are priced by "
+                          "simulating the step); use --method simulate or auto"])
     precision = setup.resolved_precision(spec, "cuda")
     method, why = _method(setup, method)
     notes = _setup_notes(spec, setup, why)
@@ -107,6 +110,10 @@ def _setup_notes(spec: ModelSpec, setup: TrainSetup, method_note: str | None) ->
     if setup.distributed:
         notes.append(f"per GPU, {setup.gpus} GPUs with {setup.shard}"
                      + (f", {setup.offload} offloaded" if setup.offload != "none" else ""))
+    if setup.kernels == "liger":
+        notes.append(f"--kernels liger: Liger's fused linear cross-entropy (no logits), RMSNorm, SwiGLU and RoPE "
+                     f"priced from liger-kernel {cuda.LIGER_VERSION}'s sources; the step time is transformers' "
+                     "modules', not Liger's kernels'")
     if setup.data is not None:
         notes.append(f"--data: estimated as full {setup.seq_len}-token rows (an upper bound for padded text)")
     if setup.lr_note():
@@ -354,7 +361,7 @@ def simulated_step(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU
     if setup.shard == "fsdp":
         return sharded.simulate_fsdp_rank(spec, setup, precision)[0]
     return simulate_step(model_builder(spec, setup, precision, card), setup, precision,
-                         workspace=card.cublas_workspace, flash=card.flash)[0]
+                         workspace=card.cublas_workspace, flash=card.flash, sms=card.sms)[0]
 
 
 def _simulate(spec: ModelSpec, setup: TrainSetup, precision: str, notes: list[str], card: GPU,

@@ -140,7 +140,23 @@ def fused_attention_loaded(attention: str, precision: str, peft: str) -> bool:
     return attention == "sdpa" and precision != "fp32" and peft != "qlora"
 
 
+# --- Liger's kernels ------------------------------------------------------------------------------------
+LIGER_VERSION = "0.8.5"
+"""The liger-kernel release whose sources the estimate's stand-ins follow (`estimator.memory.liger`)."""
+LIGER_SOURCE = (f"linkedin/Liger-Kernel {LIGER_VERSION}: transformers/monkey_patch.py apply_liger_kernel_to_<family> "
+                "defaults (rope, rms_norm, swiglu, fused_linear_cross_entropy on; cross_entropy off)")
+_LAYER_NORMS = ("input_layernorm", "post_attention_layernorm")
+LIGER_FAMILIES: dict[str, tuple[str, ...]] = {
+    "llama": _LAYER_NORMS, "mistral": _LAYER_NORMS, "qwen2": _LAYER_NORMS,
+    "qwen3": _LAYER_NORMS + ("self_attn.q_norm", "self_attn.k_norm"),
+}
+"""`model_type` -> the RMSNorm modules of each decoder layer that Liger's `apply_liger_kernel_to_<family>`
+patches (`LIGER_SOURCE`); every family here also gets its final norm, its MLP's SwiGLU, its module's
+`apply_rotary_pos_emb` and the fused linear cross-entropy forward. Liger's Triton kernels run on CUDA only."""
+
+
 __all__ = ["SDPA_SOURCE", "has_flash", "sdpa_kernel", "sdpa_backends", "CUBLAS_SOURCE", "CUBLAS_HANDLES",
            "workspace_config", "workspace_bytes", "cublas_workspace", "H200_CONTEXT_AT_START", "H200_OVERHEAD",
            "LAZY_KERNELS", "FUSED_ATTENTION_KERNELS", "STACK_PER_THREAD", "THREADS_PER_SM", "local_memory",
-           "CONTEXT_BASE", "derived_context", "fused_attention_loaded"]
+           "CONTEXT_BASE", "derived_context", "fused_attention_loaded", "LIGER_VERSION", "LIGER_SOURCE",
+           "LIGER_FAMILIES"]

@@ -30,6 +30,11 @@ def has_bitsandbytes() -> bool:
     return importlib.util.find_spec("bitsandbytes") is not None
 
 
+def has_liger() -> bool:
+    """Whether liger-kernel is importable: `--kernels liger` needs it (and Triton, which CUDA builds of torch carry)."""
+    return importlib.util.find_spec("liger_kernel") is not None
+
+
 def _cpu_runs(dtype: torch.dtype) -> bool:
     try:
         w = torch.randn(8, 8, dtype=dtype, requires_grad=True)
@@ -62,6 +67,12 @@ def environment_problems(setup: TrainSetup, device: str, precision: str) -> list
         what = "--peft qlora" if setup.peft == "qlora" else f"--optimizer {setup.optimizer}"
         out.append(f"{what}: needs bitsandbytes, which is not installed "
                    "(pip install 'trainmem[qlora]' on a CUDA machine)")
+    if setup.kernels == "liger" and device == "cpu":
+        out.append("--kernels liger: Liger's kernels are Triton kernels, which run on CUDA only; use --device cuda "
+                   "or --kernels none")
+    elif setup.kernels == "liger" and not has_liger():
+        out.append("--kernels liger: needs liger-kernel, which is not installed (pip install liger-kernel on a "
+                   "CUDA machine)")
     if setup.peft == "qlora" and device == "cpu":
         out.append("--peft qlora: 4-bit NF4 training runs on CUDA only here; use --device cuda or "
                    "--peft lora on the CPU")
@@ -172,6 +183,10 @@ def build_model(spec: ModelSpec, setup: TrainSetup, device: str, precision: str)
         if setup.checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False  # training never reads the KV cache; the seed turns it off too
+    if setup.kernels == "liger":  # before LoRA, as users apply it (the Trainer's use_liger_kernel does it again)
+        from liger_kernel.transformers import _apply_liger_kernel_to_instance
+
+        _apply_liger_kernel_to_instance(model=model)
     model = add_adapters(model, setup, spec)
     model.train()
     return model

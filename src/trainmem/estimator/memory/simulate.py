@@ -32,7 +32,7 @@ from trainmem.measure.accumulation import micro_batch_loss
 from trainmem.measure.ledger import StateBytes, TensorLedger, state_bytes
 from trainmem.measure.train import PROBE_STEPS
 
-from . import autocast, quantized, states
+from . import autocast, liger, quantized, states
 from .inplace import InPlace
 from .standins import cuda_choices
 
@@ -134,11 +134,13 @@ def simulate_step(build: Callable[[TensorLedger], Any], setup: TrainSetup,
                   precision: str | None = None,
                   workspace: int = cuda.cublas_workspace((9, 0)),
                   flash: bool = True, device: str = "meta",
-                  follow: Callable[[TensorLedger], Any] | None = None) -> tuple[TensorLedger, StateBytes]:
+                  follow: Callable[[TensorLedger], Any] | None = None,
+                  sms: int = 132) -> tuple[TensorLedger, StateBytes]:
     """Build the model with `build` (on the meta device, given the ledger for what no operator shows),
     then `STEPS` optimizer steps (states appear in the first) of the setup's accumulation, all under one
     recording ledger. Under `amp-*` each forward (loss included, as `train.train` does) runs in an
-    autocast region. `workspace`: bytes per cuBLAS handle; `flash`: the card has the flash kernel. A
+    autocast region. `workspace`: bytes per cuBLAS handle; `flash`: the card has the flash kernel; `sms`: its
+    SMs (the rows of Liger's RMSNorm partial weight gradients under `--kernels liger`, `liger.patched`). A
     sharded simulation (`sharded.py`) passes `device="cpu"` (fake CPU tensors) and `follow`, the context
     that routes FSDP2's storage resizes through the ledger."""
     from trainmem.measure.build import AUTOCAST_DTYPES
@@ -158,11 +160,11 @@ def simulate_step(build: Callable[[TensorLedger], Any], setup: TrainSetup,
     with contextlib.ExitStack() as stack:
         if follow is not None:
             stack.enter_context(follow(ledger))
-        return _steps(build, setup, amp, ledger, device, held, flash)
+        return _steps(build, setup, amp, ledger, device, held, flash, sms)
 
 
 def _steps(build: Callable[[TensorLedger], Any], setup: TrainSetup, amp: Any, ledger: SimulatedLedger,
-           device: str, held: dict[str, Any], flash: bool) -> tuple[TensorLedger, StateBytes]:
+           device: str, held: dict[str, Any], flash: bool, sms: int) -> tuple[TensorLedger, StateBytes]:
     from trainmem.measure.build import build_optimizer
 
     with ledger:
@@ -184,7 +186,8 @@ def _steps(build: Callable[[TensorLedger], Any], setup: TrainSetup, amp: Any, le
     batch = {"input_ids": ids, "labels": ids}
     tokens = setup.grad_accum * setup.batch_size * (setup.seq_len - 1)
     final = StateBytes(0, 0, 0)
-    with cuda_choices(setup.attention, flash, ledger.inplace, zeros=(ids,)) as host, ledger:
+    kernels = liger.patched(model, sms) if setup.kernels == "liger" else contextlib.nullcontext()
+    with cuda_choices(setup.attention, flash, ledger.inplace, zeros=(ids,)) as host, kernels, ledger:
         for step in range(1, STEPS + 1):
             ledger.inplace.enabled = step > PROBE_STEPS
             for k in range(1, setup.grad_accum + 1):
