@@ -195,7 +195,9 @@ def result_tables(r: Result, phases: bool = False, verbose: bool = False) -> lis
         t = r.time
         out.append(f"predicted time on the {escape(t['card'])}: {t['step_s'] * 1000:.1f} ms/step, "
                    f"{t['tokens_per_s']:,.0f} tokens/s, MFU {t['mfu']:.0%}"
-                   + (" (derived from its datasheet figures)" if t.get("derived") else ""))
+                   + (" (derived from its datasheet figures)" if t.get("derived") else "")
+                   + (f", of which {t['comm']['exposed_s'] * 1000:.1f} ms exposed communication "
+                      f"({t['comm']['label']})" if t.get("comm") else ""))
     if r.oom:
         req = r.oom.get("tried_to_allocate")
         out.append(f"[red]OOM[/red] in phase [bold]{escape(str(r.oom['phase']))}[/bold]: tried to allocate "
