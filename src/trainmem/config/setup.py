@@ -355,7 +355,7 @@ class TrainSetup:
         """Problems of `--nodes`, `--gpus-per-node` and `--network`: `--gpus` is the world size and must be
         `nodes x gpus_per_node`."""
         out = [p for p in [network_problem(self.network)] if p]
-        bad = [f for f, v in (("nodes", self.nodes), ("gpus-per-node", self.gpus_per_node or 1))
+        bad = [f for f, v in (("nodes", self.nodes), ("gpus-per-node", 1 if self.gpus_per_node is None else self.gpus_per_node))
                if not _whole(v) or not 1 <= v <= MAX_WHOLE]
         out += [f"--{f}: must be a whole number >= 1, got {getattr(self, f.replace('-', '_'))!r}" for f in bad]
         if bad or not _whole(self.gpus) or self.gpus < 1:

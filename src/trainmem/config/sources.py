@@ -281,7 +281,8 @@ def load_setup(model: str | None = None, values: dict[str, Any] | None = None, c
             except ValueError as e:
                 problems.append(f"{origin}: {e}")
                 del merged[name]
-    if "gpus" not in merged and isinstance(merged.get("gpus_per_node"), int):  # --gpus is the world size
+    if "gpus" not in merged and isinstance(merged.get("gpus_per_node"), int) and merged["gpus_per_node"] > 0:
+        # --gpus is the world size: nodes x GPUs a node
         merged["gpus"] = merged["gpus_per_node"] * (merged["nodes"] if isinstance(merged.get("nodes"), int) else 1)
     unread = peft_given and "peft" not in merged  # a bad --peft is its own problem: say nothing of LoRA's values
     if not peft_searched and not unread and merged.get("peft", TrainSetup.peft) == "none":
