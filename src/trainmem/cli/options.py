@@ -61,6 +61,10 @@ SETUP_FLAGS: dict[str, tuple[str, str]] = {
     "--gpus": ("gpus", "data-parallel GPUs (default 1; run: CPU processes over gloo with --device cpu, or one rank with --rank)"),
     "--shard": ("shard", "none|ddp|zero1|zero2|zero3|fsdp: how states spread over --gpus N (N >= 2; one GPU only "
               "with --offload); run: ddp, fsdp; estimate simulates fsdp"),
+    "--nodes": ("nodes", "machines the --gpus ranks span (default 1); with --shard fsdp over several: HSDP, sharded "
+                "within a node and replicated across nodes (estimate, plan)"),
+    "--gpus-per-node": ("gpus_per_node", "GPUs per machine; --gpus (the world size) defaults to --nodes x this"),
+    "--network": ("network", "the link between nodes, per GPU: ib-ndr (default, 400 Gb/s), ib-hdr, roce-400, roce-200"),
     "--rank": ("rank", "R|all: measure rank R (or each in turn) of the --gpus N --shard fsdp run in one "
                "process through PyTorch's fake process group (default on CUDA: rank 0)"),
     "--offload": ("offload", "none|optimizer|params: ZeRO/FSDP offload to CPU memory (estimate)"),
@@ -73,7 +77,9 @@ FIELDS = [name for name, _ in SETUP_FLAGS.values()]
 _NO_STEP = "it compares gradients and takes no optimizer step"
 _ONE_PROCESS = "it compares one process's gradients"
 _NOT_MEMORY = "it checks gradients, not memory"
+_ONE_MACHINE = "it runs every rank on this machine; --nodes prices a run across machines in estimate and plan"
 NOT_USED: dict[str, dict[str, str]] = {
+    "run": {"nodes": _ONE_MACHINE, "gpus_per_node": _ONE_MACHINE, "network": _ONE_MACHINE},
     "estimate": {
         "engine": "it trains nothing; --engine picks who trains in trainmem run",
         "rank": "it predicts rank 0 of --gpus N --shard fsdp; --rank picks the rank trainmem run measures",
@@ -97,6 +103,7 @@ NOT_USED: dict[str, dict[str, str]] = {
         "optimizer": _NO_STEP, "lr": _NO_STEP, "lr_batch": _NO_STEP, "steps": _NO_STEP,
         "gpu": _NOT_MEMORY, "memory_cap": _NOT_MEMORY,
         "gpus": _ONE_PROCESS, "shard": _ONE_PROCESS, "rank": _ONE_PROCESS, "offload": _ONE_PROCESS,
+        "nodes": _ONE_PROCESS, "gpus_per_node": _ONE_PROCESS, "network": _ONE_PROCESS,
         "engine": "it runs its own forward and backward passes",
     },
 }

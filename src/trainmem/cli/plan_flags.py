@@ -8,6 +8,7 @@ from typing import Any
 
 from trainmem.errors import SetupError
 from trainmem.hardware.gpus import this_card
+from trainmem.hardware.interconnect import Cluster, parse_cluster
 from trainmem.search.plan import (
     DEFAULT_ALLOW,
     DIMENSIONS,
@@ -67,7 +68,8 @@ def read_flags(given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         problems.append("--model: which model to plan for (a preset, config.json, folder or hub id), or --preset chapter")
     if flags.get("target_batch") is None:
         problems.append("--target-batch: the effective batch to reach, e.g. --target-batch 16")
-    if flags.get("gpu") is None:
+    cluster = _cluster(flags, problems) if flags.get("cluster") is not None else None
+    if flags.get("gpu") is None and cluster is None:
         flags["gpu"] = this_card()
         if flags["gpu"] is None:
             problems.append(NO_GPU)
@@ -91,11 +93,29 @@ def read_flags(given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
            "top": _number(problems, "--top", flags.get("top", str(TOP)), int),
            "finalists": _number(problems, "--finalists", flags.get("finalists", str(FINALISTS)), int, 0),
            "margin": margin(argparse.Namespace(margin=flags.get("margin", "0.02")), problems)}
-    confirming = confirm_problem() if flags.get("confirm") else None
+    confirming = confirm_problem() if flags.get("confirm") and flags.get("cluster") is None else None
     problems += [confirming] if confirming else []
     if problems:
         raise SetupError(problems)
-    return {**out, "every": bool(flags.get("all")), "confirm": bool(flags.get("confirm"))}, flags
+    return {**out, "every": bool(flags.get("all")), "confirm": bool(flags.get("confirm")), "cluster": cluster}, flags
 
 
-__all__ = ["PRESETS", "preset_flags", "read_flags"]
+CHOSEN = ("gpus", "shard", "offload", "gpus_per_node", "gpu")
+"""Setup flags `plan --cluster` chooses itself (the card is the cluster's)."""
+
+
+def _cluster(flags: dict[str, Any], problems: list[str]) -> Cluster | None:
+    """`--cluster` (with `--nodes`) as a Cluster; the flags it chooses itself are problems when given, and
+    `--nodes` is taken out of the setup's flags (each layout sets its own)."""
+    problems += [f"--{f.replace('_', '-')}: plan --cluster chooses it; drop it" for f in CHOSEN if flags.get(f)]
+    nodes = _number(problems, "--nodes", flags.pop("nodes", None), int, high=2**31 - 1)
+    try:
+        cluster = parse_cluster(flags["cluster"], nodes)
+    except ValueError as e:
+        problems.append(str(e))
+        return None
+    flags["gpu"] = cluster.card.name
+    return cluster
+
+
+__all__ = ["PRESETS", "CHOSEN", "preset_flags", "read_flags"]

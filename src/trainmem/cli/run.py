@@ -21,7 +21,7 @@ from . import options
 
 
 def register(p: argparse.ArgumentParser) -> None:
-    options.add_setup_arguments(p)
+    options.add_setup_arguments(p, command="run")
     options.add_output(p, "the result object")
     p.add_argument("--phases", action="store_true", help="also print the phase-by-phase table")
     p.add_argument("--no-isolate", action="store_true", help="run in this process (faster, may leak memory)")

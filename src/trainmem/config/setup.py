@@ -18,6 +18,7 @@ from typing import Any
 from trainmem.errors import SetupError
 from trainmem.hardware.cuda import LIGER_FAMILIES
 from trainmem.hardware.gpus import find_gpu, gpu_problem
+from trainmem.hardware.interconnect import network_problem
 
 from .optimizers import OPTIMIZERS as OPTIMIZER_TABLE
 from .optimizers import by_trainer_name, trainer_name
@@ -111,6 +112,15 @@ class TrainSetup:
     """How states are spread over `gpus`: none, ddp, zero1, zero2, zero3 (DeepSpeed ZeRO) or fsdp."""
     offload: str = "none"
     """ZeRO/FSDP offload to CPU memory: none, optimizer or params."""
+    nodes: int = 1
+    """Machines the `gpus` ranks span (`gpus` stays the world size and must split evenly over them). With
+    `shard` fsdp and more than one node the run is HSDP: sharded within a node, replicated across nodes."""
+    gpus_per_node: int | None = None
+    """GPUs per machine; None: `gpus / nodes`. Given, `gpus` must equal `nodes * gpus_per_node` (the flags fill
+    in `gpus` from it when `--gpus` is not given)."""
+    network: str = "ib-ndr"
+    """The link between nodes, per GPU (`trainmem.hardware.interconnect.NETWORKS`): what cross-node collectives
+    are timed over."""
     rank: int | str | None = None
     """Run: emulate this rank (0..gpus-1, or `all` in turn) of the `gpus`-rank FSDP2 run in one process
     through PyTorch's fake process group (see `trainmem.measure.fake_rank`)."""
@@ -125,6 +135,22 @@ class TrainSetup:
     def distributed(self) -> bool:
         """Whether this is one rank of a run on several GPUs (or a sharded one): the one place that says so."""
         return self.gpus > 1 or self.shard != "none"
+
+    @property
+    def per_node(self) -> int:
+        """GPUs on each node: the world size over the nodes."""
+        return self.gpus // max(self.nodes, 1)
+
+    @property
+    def hsdp(self) -> bool:
+        """FSDP over several nodes: shard within a node, replicate across nodes (FSDP2's HSDP)."""
+        return self.shard == "fsdp" and self.nodes > 1
+
+    @property
+    def shard_group(self) -> int:
+        """Ranks a state is sharded over: a node's GPUs under HSDP, else the whole world. A rank of HSDP over
+        M nodes of N GPUs holds what a rank of FSDP over N GPUs holds."""
+        return self.per_node if self.hsdp else self.gpus
 
     def lr_note(self) -> str | None:
         """A warning when `lr` was tuned for another effective batch (linear scaling, Goyal et al. 2017)."""
@@ -252,6 +278,7 @@ class TrainSetup:
             out.append(f"--offload {self.offload}: needs --shard zero1|zero2|zero3|fsdp")
         if self.offload == "params" and self.shard not in ("zero3", "fsdp"):
             out.append("--offload params: only ZeRO-3 and FSDP shard (and so can offload) parameters")
+        out.extend(self._node_problems())
         out.extend(self._rank_problems())
         if self.gpu is not None and not isinstance(self.gpu, str):
             out.append(f"--gpu: expected a card name, got {self.gpu!r}")
@@ -336,6 +363,26 @@ class TrainSetup:
         if self.data is not None and spec.path is None:
             out.append(f"--data: {spec.name} has no tokenizer (a preset or a bare config.json); pass a "
                        "local model folder with tokenizer files as --model, or use the dummy data")
+        return out
+
+    def _node_problems(self) -> list[str]:
+        """Problems of `--nodes`, `--gpus-per-node` and `--network`: `--gpus` is the world size and must be
+        `nodes x gpus_per_node`."""
+        out = [p for p in [network_problem(self.network)] if p]
+        bad = [f for f, v in (("nodes", self.nodes), ("gpus-per-node", 1 if self.gpus_per_node is None else self.gpus_per_node))
+               if not _whole(v) or not 1 <= v <= MAX_WHOLE]
+        out += [f"--{f}: must be a whole number >= 1, got {getattr(self, f.replace('-', '_'))!r}" for f in bad]
+        if bad or not _whole(self.gpus) or self.gpus < 1:
+            return out
+        if self.gpus_per_node is not None and self.gpus != self.nodes * self.gpus_per_node:
+            out.append(f"--gpus {self.gpus}: the world size, but --nodes {self.nodes} x --gpus-per-node "
+                       f"{self.gpus_per_node} is {self.nodes * self.gpus_per_node}; drop --gpus or make them agree")
+        elif self.gpus % self.nodes:
+            out.append(f"--nodes {self.nodes}: --gpus {self.gpus} (the world size) does not split evenly over "
+                       f"{self.nodes} nodes; give --gpus-per-node N instead of --gpus")
+        elif self.hsdp and self.per_node < 2:
+            out.append(f"--nodes {self.nodes}: --shard fsdp over several nodes shards within a node (HSDP), and "
+                       f"each node has {self.per_node} GPU; give --gpus-per-node 2 or more, or --shard ddp")
         return out
 
     def _rank_problems(self) -> list[str]:

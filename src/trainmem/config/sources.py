@@ -30,7 +30,7 @@ SIZES = "12GiB, 12.5GiB, 12000MiB or 12GB"
 KINDS: dict[str, str] = {
     "batch_size": "int", "grad_accum": "int", "seq_len": "int", "checkpointing": "bool", "lora_experts": "bool", "lora_r": "int",
     "lora_alpha": "int", "lora_dropout": "float", "lora_targets": "list", "lr": "float", "lr_batch": "int",
-    "steps": "int", "num_samples": "int", "memory_cap": "bytes", "seed": "int", "gpus": "int", "rank": "rank",
+    "steps": "int", "num_samples": "int", "memory_cap": "bytes", "seed": "int", "gpus": "int", "nodes": "int", "gpus_per_node": "int", "rank": "rank",
     "gpu": "name", "model": "name",
 }
 """How a given value becomes its field's type (fields not named here are text)."""
@@ -281,6 +281,9 @@ def load_setup(model: str | None = None, values: dict[str, Any] | None = None, c
             except ValueError as e:
                 problems.append(f"{origin}: {e}")
                 del merged[name]
+    if "gpus" not in merged and isinstance(merged.get("gpus_per_node"), int) and merged["gpus_per_node"] > 0:
+        # --gpus is the world size: nodes x GPUs a node
+        merged["gpus"] = merged["gpus_per_node"] * (merged["nodes"] if isinstance(merged.get("nodes"), int) else 1)
     unread = peft_given and "peft" not in merged  # a bad --peft is its own problem: say nothing of LoRA's values
     if not peft_searched and not unread and merged.get("peft", TrainSetup.peft) == "none":
         problems += [lora_without_peft(n, where.get(n, "--" + n.replace("_", "-"))) for n in LORA_VALUES if n in merged]

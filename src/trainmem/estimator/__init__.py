@@ -29,6 +29,7 @@ from .breakdown import ADVICE, Breakdown
 from .memory import allocator, analytic, runtime, sharded, sharding, states
 from .memory.simulate import model_builder, simulate_step, steady_start
 from .memory.hostvalues import ROUTING_BALANCED, ROUTING_FREE, UnknownValue
+from .time import comm
 from .time import step as timing
 
 METHODS = ESTIMATORS
@@ -109,6 +110,8 @@ def _setup_notes(spec: ModelSpec, setup: TrainSetup, method_note: str | None) ->
         notes.append(method_note)
     if setup.distributed:
         notes.append(f"per GPU, {setup.gpus} GPUs with {setup.shard}"
+                     + (f" (HSDP: each rank holds the FSDP rank of a {setup.shard_group}-GPU node's shard)"
+                        if setup.hsdp else "")
                      + (f", {setup.offload} offloaded" if setup.offload != "none" else ""))
     if setup.kernels == "liger":
         notes.append(f"--kernels liger: Liger's fused linear cross-entropy (no logits), RMSNorm, SwiGLU and RoPE "
@@ -210,16 +213,39 @@ def _time(spec: ModelSpec, inv: states.Inventory, setup: TrainSetup, precision: 
         notes.append(f"no step time: the catalog has no speed figures for the {card.name}")
         return None
     out = step.to_dict()
+    _add_comm(out, step, work, inv, setup, precision, card, notes)
     out["tokens_per_s"] *= setup.gpus
     if step.derived:
         notes.append(f"time: derived from the {card.name}'s datasheet figures with efficiencies fitted on H200 "
                      "runs (docs/time-model.md); not measured on this card")
-    if setup.gpus > 1:
-        notes.append("time: per GPU, communication between GPUs not modelled")
     unaligned = _unaligned_note(spec, work, card, step.step_s)
     if unaligned:
         notes.append(unaligned)
     return out
+
+
+def _add_comm(out: dict[str, Any], step: timing.StepTime, work: timing.Workload,
+              inv: states.Inventory, setup: TrainSetup, precision: str, card: GPU, notes: list[str]) -> None:
+    """Add the exposed communication of a rank of several (`comm.py`) to the step time in `out`, and say so."""
+    f = work.flops
+    matmul = (f["forward"] + f["backward"] + f["recompute"]) or 1.0
+    forward_s = step.micro_s * f["forward"] / matmul
+    c = comm.comm_time(setup, inv, precision, card, forward_s, step.micro_s - forward_s)
+    if c is None:
+        if setup.gpus > 1:
+            notes.append(f"time: per GPU; the catalog has no link figures for the {card.name}, so communication "
+                         "between GPUs is not in it")
+        return
+    out["comm"] = c.to_dict()
+    out["parts"]["comm"] = c.exposed_s
+    out["mfu"] *= step.step_s / (step.step_s + c.exposed_s)
+    out["step_s"] = step.step_s + c.exposed_s
+    out["tokens_per_s"] = work.tokens / out["step_s"]
+    layout = (f"HSDP: sharded over {setup.per_node} GPUs a node, replicated over {setup.nodes} nodes"
+              if setup.hsdp else f"{setup.gpus} GPUs" + (f" on {setup.nodes} nodes" if setup.nodes > 1 else ""))
+    notes.append(f"time: per GPU, with {c.exposed_s:.3g} s a step of exposed communication ({layout}; "
+                 f"{c.total_s:.3g} s of collectives in all, over {' and '.join(c.links)}; {comm.DERIVED}; "
+                 "docs/guide/several-gpus.md)")
 
 
 def _unaligned_note(spec: ModelSpec, work: timing.Workload, card: GPU, step_s: float) -> str | None:
@@ -256,7 +282,7 @@ def _rank_states(inv: states.Inventory, setup: TrainSetup, precision: str,
     trainable = sum(p.numel for p in inv.params if p.trainable)
     gathered = _largest_layer(inv) // (2 if precision.startswith("amp") and setup.shard == "fsdp" else 1)
     return sharding.rank_states(ms["weights"], ms["gradients"], ms["optimizer"], trainable,
-                                precision in ("fp16", "bf16"), setup.gpus, setup.shard, setup.offload,
+                                precision in ("fp16", "bf16"), setup.shard_group, setup.shard, setup.offload,
                                 gathered, foreach_copy=OPTIMIZERS[setup.optimizer].foreach,
                                 unsharded_optimizer=_step_scalars(inv, setup.optimizer))
 
@@ -370,7 +396,7 @@ def _simulate(spec: ModelSpec, setup: TrainSetup, precision: str, notes: list[st
     if getattr(ledger, "balanced_routing", False):
         notes.append(ROUTING_BALANCED)
     if setup.shard == "fsdp":
-        notes.append(f"simulated: rank 0 of {setup.gpus}, FSDP2 under PyTorch's fake process group on fake CPU "
+        notes.append(f"simulated: rank 0 of {setup.shard_group}, FSDP2 under PyTorch's fake process group on fake CPU "
                      "tensors; not modelled: NCCL's buffers, overlap of communication with compute")
     memory = dict(ledger.peak_split)  # cuBLAS workspaces included: the simulation allocates them
     replayed = _replay(ledger.events or [], steady_start(ledger), setup.cap_bytes(precision), notes)

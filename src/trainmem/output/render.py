@@ -14,6 +14,7 @@ from trainmem.config.commands import describe, run_command, training_arguments
 from trainmem.config.setup import TrainSetup
 from trainmem.hardware.gpus import find_gpu
 from trainmem.result import Result
+from trainmem.search.cluster import ClusterPlan
 from trainmem.search.plan import Plan
 
 GiB, MiB = 1024**3, 1024**2
@@ -195,7 +196,9 @@ def result_tables(r: Result, phases: bool = False, verbose: bool = False) -> lis
         t = r.time
         out.append(f"predicted time on the {escape(t['card'])}: {t['step_s'] * 1000:.1f} ms/step, "
                    f"{t['tokens_per_s']:,.0f} tokens/s, MFU {t['mfu']:.0%}"
-                   + (" (derived from its datasheet figures)" if t.get("derived") else ""))
+                   + (" (derived from its datasheet figures)" if t.get("derived") else "")
+                   + (f", of which {t['comm']['exposed_s'] * 1000:.1f} ms exposed communication "
+                      f"({t['comm']['label']})" if t.get("comm") else ""))
     if r.oom:
         req = r.oom.get("tried_to_allocate")
         out.append(f"[red]OOM[/red] in phase [bold]{escape(str(r.oom['phase']))}[/bold]: tried to allocate "
@@ -299,6 +302,46 @@ def _duration(s: float | None) -> str:
 
 def _gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
+
+
+def layout(s: TrainSetup) -> str:
+    """How a setup spreads over GPUs, in a few words: 8 fsdp, 16 hsdp 2x8, 4 zero3 +opt."""
+    shard = "hsdp" if s.hsdp else s.shard
+    words = [f"{s.gpus}", shard if s.gpus > 1 else "one GPU"]
+    words += [f"{s.nodes}x{s.per_node}"] if s.nodes > 1 else []
+    words += [{"optimizer": "+opt off", "params": "+param off"}[s.offload]] if s.offload != "none" else []
+    return " ".join(words)
+
+
+def print_cluster_plan(plan: ClusterPlan, console: Console | None = None) -> None:
+    """`trainmem plan --cluster`'s answer: every layout's fastest setups, ranked by step time, with per-rank
+    memory, verdict, the step's exposed communication and GPU-hours; which figures are analytic or simulated."""
+    console = console or plan_console()
+    job = f"; GPU-hours for {plan.job_tokens:,} tokens" if plan.job_tokens else ""
+    console.print(f"[bold]{escape(plan.model)} on {escape(plan.cluster)}: global batch {plan.target_batch} x "
+                  f"{plan.seq_len} tokens{job}[/bold]", highlight=False)
+    console.print(f"{plan.searched} setups estimated, {plan.not_fitting} do not fit; the fastest of each kind per "
+                  "layout, fastest step first", highlight=False)
+    if plan.options:
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        columns = ["#", "GPUs", "micro x accum", "per-rank", "verdict", "step", "comm", "GPU-hours"]
+        for col in columns:
+            table.add_column(col, justify="left" if col in ("GPUs", "micro x accum", "verdict") else "right",
+                             no_wrap=True)
+        for i, o in enumerate(plan.options, 1):
+            level = "[green]fits[/green]" if o.level == "fits" else "[yellow]tight[/yellow]"
+            hours = plan.gpu_hours(o)
+            table.add_row(str(i), layout(o.setup), describe(o.setup, ()), _gib(o.need),
+                          f"{level} ({'sim' if o.checked == 'simulate' else 'ana'})", f"{o.step_s * 1000:,.0f} ms",
+                          f"{plan.comm(o) * 1000:,.0f} ms", "-" if hours is None else f"{hours:,.1f}" if hours >= 10 else f"{hours:.3g}")
+        console.print(table)
+    else:
+        console.print(f"[red]Nothing fits {escape(plan.cluster)}[/red] at global batch {plan.target_batch}.")
+    console.print("per-rank: peak reserved + outside the allocator of one rank (ana: the analytic estimate's closed "
+                  "forms; sim: the simulated rank, --confirm); step: compute + exposed communication (comm: derived, "
+                  "not measured on several GPUs; docs/guide/several-gpus.md)", style="dim", highlight=False)
+    for note in plan.notes:
+        console.print(f"note: {note}", highlight=False, soft_wrap=True, markup=False)
 
 
 def print_plan(plan: Plan, console: Console | None = None, allow: tuple[str, ...] = ()) -> None:

@@ -34,14 +34,15 @@ def simulates(setup: TrainSetup) -> bool:
 
 def simulate_fsdp_rank(spec: ModelSpec, setup: TrainSetup, precision: str,
                        rank: int = 0) -> tuple[TensorLedger, StateBytes]:
-    """The ledger of rank `rank`'s simulated step of the `setup.gpus`-rank FSDP2 run, and the rank's
+    """The ledger of rank `rank`'s simulated step of the `setup.shard_group`-rank FSDP2 run (the world, or under
+    HSDP a node), and the rank's
     weights, gradients and optimizer states after its last optimizer step."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from trainmem.fsdp import fake_group, follow_fsdp_storage, shard_model
 
-    with fake_group(rank, setup.gpus):
-        model = shard_model(states.meta_model(spec, setup, precision), setup.gpus, precision, "cpu")
+    with fake_group(rank, setup.shard_group):  # HSDP: a rank holds what a rank of its node's FSDP holds
+        model = shard_model(states.meta_model(spec, setup, precision), setup.shard_group, precision, "cpu")
 
         def build(ledger: TensorLedger) -> Any:
             return model.to_empty(device="cpu")  # this rank's shards, allocated under the ledger

@@ -26,7 +26,7 @@ Attention's scores and values (4 s x width per token and layer, forward) are cou
 trace with the kernel CUDA picks for that call (`kernels.Kernels.attention`): a fused kernel skips the masked
 half of a causal product, but not under an explicit mask such as a sliding window's, which also rules flash
 out (Gemma-2 beyond 4096 tokens, Gemma-3 beyond 512).
-Offload (ZeRO/FSDP) adds its PCIe transfers; communication between GPUs is not modelled.
+Offload (ZeRO/FSDP) adds its PCIe transfers; communication between GPUs is `comm.py`'s, added by the estimate.
 
 The constants are fitted to the H200 step times committed in docs/lab/data (`benchmarks/time_validate.py fit`
 on the rows of `lab/sets.json` timed over several steps; the fit and its
@@ -164,6 +164,8 @@ class StepTime:
     card: str = ""
     derived: bool = True
     """True where the card's time comes from its catalog figures rather than its own measurements."""
+    micro_s: float = 0.0
+    """Seconds of one micro-step (forward, backward and recompute): what communication overlaps (`comm.py`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"step_s": self.step_s, "tokens_per_s": self.tokens_per_s, "mfu": self.mfu,
@@ -258,7 +260,7 @@ def workload(spec: ModelSpec, inv: Inventory, setup: TrainSetup, precision: str,
         update_8bit = sum(BYTES_8BIT[0] * n * d + BYTES_8BIT[1] * n for n, d in train_elems)
     else:
         update = row.passes * sum(n * d for n, d in train_elems)
-    gpus = max(setup.gpus, 1)
+    gpus = max(setup.shard_group, 1)  # HSDP: each rank updates its node's shard
     if setup.shard in ("zero1", "zero2", "zero3", "fsdp"):
         update, update_8bit = update / gpus, update_8bit / gpus  # each rank updates its shard
     pcie = 0.0
@@ -322,7 +324,7 @@ def step_time(work: Workload, card: GPU, speed: Speed | None = None, tf32: bool 
     parts = {"compute": work.micro_steps * compute, "memory": work.micro_steps * memory + opt_card,
              "host": work.micro_steps * host + opt_host, "pcie": pcie}
     return StepTime(step, work.tokens / step, work.model_flops / (step * peak(work.half)), parts, card.name,
-                    derived=not card.measured)
+                    derived=not card.measured, micro_s=micro)
 
 
 __all__ = ["Workload", "StepTime", "workload", "step_time", "FITTED"]
