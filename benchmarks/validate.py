@@ -56,6 +56,8 @@ MODELS = {"neox": "polyglot-ko-1.3b", "llama": "llama-3.2-1b", "qwen": "qwen2.5-
           "olmoe": "olmoe-1b-7b", "qwen3moe": "qwen3-30b-a3b", "qwen15moe": "qwen1.5-moe-a2.7b",
           "gptoss": "gpt-oss-20b", "dsv2lite": "deepseek-v2-lite", "mixtral": "mixtral-8x7b", "lfm2": "lfm2-1.2b",
           "opt": "opt-1.3b", "bloom": "bloom-560m", "falcon": "falcon-7b",
+          # first measured in benchmarks/sharded_ranks_gpu.py (one rank of a model larger than the GPU)
+          "llama70b": "llama-3.1-70b",
           # transformers' default configs of these classes (benchmarks/configs): Bamba (attention at layers 9, 18,
           # 27), Zamba2, StarCoder2 (starcoder2-3b's sizes) and Granite at real size
           "bamba": "benchmarks/configs/bamba.json", "zamba2": "benchmarks/configs/zamba2.json",
@@ -672,7 +674,7 @@ def _keep(r: Result, path: str, label: str, t0: float) -> None:
 
 
 def isolated(out_dir: str, indices: list[int], setups: list[tuple[str, dict]] = SETUPS,
-             name: str = "validation-isolated.jsonl", steps: int = 3) -> int:
+             name: str = "validation-isolated.jsonl", steps: int = 3, timeout: float = 300) -> int:
     import trainmem
 
     os.makedirs(out_dir, exist_ok=True)
@@ -680,7 +682,7 @@ def isolated(out_dir: str, indices: list[int], setups: list[tuple[str, dict]] = 
     for i in indices or range(len(setups)):
         arch, kw = setups[i]
         t0 = time.time()
-        r = trainmem.run(MODELS[arch], trainmem.TrainSetup(**{"steps": steps, **kw}), timeout=300)
+        r = trainmem.run(MODELS[arch], trainmem.TrainSetup(**{"steps": steps, **kw}), timeout=timeout)
         _keep(r, path, f"[{i}] {arch} {kw}", t0)
     return 0
 

@@ -36,6 +36,8 @@ COUNTS = {
     "falcon-7b": 6_921_720_704,
     # allenai/OLMoE-1B-7B-0924 model card and the OLMoE paper: 6.9B total, 1.3B active
     "olmoe-1b-7b": 6_919_161_856,
+    # meta-llama/Llama-3.1-70B model card: 70.6B (the Hub's safetensors total is 70,553,706,496)
+    "llama-3.1-70b": 70_553_706_496,
 }
 
 HUBS = {
@@ -50,6 +52,7 @@ HUBS = {
     "bigscience/bloom-560m": "bloom-560m",
     "tiiuae/falcon-7b": "falcon-7b",
     "allenai/OLMoE-1B-7B-0924": "olmoe-1b-7b",
+    "meta-llama/Llama-3.1-70B": "llama-3.1-70b",
 }
 
 TINY = ["tiny-qwen3-moe", "tiny-olmoe", "tiny-mixtral", "tiny-lfm2", "tiny-granitemoehybrid"]

@@ -115,3 +115,25 @@ def test_the_simulated_rank_allocates_gathers_and_gradient_shards_on_their_own_s
     apart = replay(events).peak_reserved
     together = replay([(k, n) for k, n in events if k != STREAM]).peak_reserved
     assert apart >= together
+
+
+def test_the_simulated_build_is_the_measured_rank_load():
+    """Both start from the sharded model: the simulation materialises its rank's shards with `to_empty` on fake
+    tensors, the measured rank on real ones (then initialises them), so no whole model counts in either."""
+    setup = TrainSetup(gpus=8, **BASE)
+    ledger, _ = simulate_fsdp_rank(SPEC, setup, "fp32")
+    live = peak = 0
+    sizes: dict = {}
+    for key, n in ledger.events[:ledger.marks["step1.micro1.forward"]]:  # the build, before the first forward
+        if n == -1:
+            live -= sizes.pop(key)
+        elif key != "empty_cache":
+            sizes[key] = n
+            live += n
+            peak = max(peak, live)
+    r = execute(SPEC, setup.replace(rank=0))
+    assert r.status == "ok", r.error
+    load = next(p for p in r.phases if p["phase"] == "load")
+    assert live == load["weights"] == load["allocated"]  # the shards and the buffers, nothing else left
+    # the measured load also recomputes the rotary table (a few temporaries of head_dim / 2 floats)
+    assert 0 <= load["peak_allocated"] - peak <= 1024

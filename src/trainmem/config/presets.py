@@ -57,6 +57,17 @@ PRESETS: dict[str, dict[str, Any]] = {
                                                high_freq_factor=4.0, original_max_position_embeddings=8192),
         dtype="bfloat16",
     ),
+    # meta-llama/Llama-3.1-70B: the sizes in oumi-ai/oumi configs/recipes/llama3_1/README.md ("70B": vocab 128,256,
+    # hidden 8192, MLP 28,672, 80 layers, 64 heads, 8 KV heads, untied, 131,072 positions); the rope and norm fields
+    # are the Llama 3.1 family's, as in llama-3.1-8b above
+    "llama-3.1-70b": dict(
+        model_type="llama", hidden_size=8192, num_hidden_layers=80, num_attention_heads=64,
+        num_key_value_heads=8, head_dim=128, intermediate_size=28672, vocab_size=128256,
+        max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=False, hidden_act="silu",
+        rope_theta=500000.0, rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                               high_freq_factor=4.0, original_max_position_embeddings=8192),
+        dtype="bfloat16",
+    ),
     "qwen2.5-0.5b": dict(
         model_type="qwen2", hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
         num_key_value_heads=2, intermediate_size=4864, vocab_size=151936, max_position_embeddings=32768,
@@ -335,6 +346,7 @@ HUB_IDS: dict[str, str] = {
     "meta-llama/Llama-3.2-1B": "llama-3.2-1b",
     "meta-llama/Llama-3.2-3B": "llama-3.2-3b",
     "meta-llama/Llama-3.1-8B": "llama-3.1-8b",
+    "meta-llama/Llama-3.1-70B": "llama-3.1-70b",
     "Qwen/Qwen2.5-0.5B": "qwen2.5-0.5b",
     "Qwen/Qwen2.5-1.5B": "qwen2.5-1.5b",
     "Qwen/Qwen2.5-7B": "qwen2.5-7b",

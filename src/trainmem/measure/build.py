@@ -8,8 +8,10 @@ model is first written to a temporary folder with `save_pretrained` and loaded b
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import tempfile
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -144,7 +146,8 @@ def init_device(spec: ModelSpec, dtype: torch.dtype, cap: int | None, free: int)
 
 
 def build_model(spec: ModelSpec, setup: TrainSetup, device: str, precision: str) -> torch.nn.Module:
-    """The model, on `device`, in training mode, with checkpointing and adapters as the setup says."""
+    """The model, on `device`, in training mode, with checkpointing and adapters as the setup says. On `meta`
+    (an FSDP2 rank, before `materialise`) a checkpoint's config is built without its weights: no memory."""
     from transformers import AutoModelForCausalLM
 
     setup = setup.resolved(spec)  # callers that never validated with the spec (verify) may still say auto
@@ -175,7 +178,7 @@ def build_model(spec: ModelSpec, setup: TrainSetup, device: str, precision: str)
             model, use_gradient_checkpointing=setup.checkpointing,
             gradient_checkpointing_kwargs={"use_reentrant": False})
     else:
-        if spec.has_weights:
+        if spec.has_weights and device != "meta":
             model = AutoModelForCausalLM.from_pretrained(spec.path, dtype=dtype, attn_implementation=setup.attention,
                                                          device_map={"": device})
         else:
@@ -187,8 +190,33 @@ def build_model(spec: ModelSpec, setup: TrainSetup, device: str, precision: str)
         from liger_kernel.transformers import _apply_liger_kernel_to_instance
 
         _apply_liger_kernel_to_instance(model=model)
-    model = add_adapters(model, setup, spec)
+    with torch.device("meta") if device == "meta" else contextlib.nullcontext():  # peft makes adapters on the CPU
+        model = add_adapters(model, setup, spec)
     model.train()
+    return model
+
+
+def materialise(model: torch.nn.Module, device: str) -> torch.nn.Module:
+    """Allocate a meta-built model's tensors on `device` and give them values, as torchtitan starts an FSDP2 rank:
+    after `fully_shard`, `to_empty` allocates only this rank's (padded) shards. transformers' own initialisation
+    (`initialize_weights`: normal weights, ones for norms, rotary frequencies recomputed from the config) then fills
+    them; from_config marked every module and tied weight as initialised, so the marks are dropped first. Under
+    `implicit_replication` a plain tensor an init function copies in (Mamba's `A_log`, a rotary table) counts as
+    replicated, and each rank keeps its own chunk of it. LoRA B starts at zero, as peft starts it. Memory does not
+    depend on the values; finite ones keep the loss finite."""
+    from torch.distributed.tensor.experimental import implicit_replication
+
+    model.to_empty(device=device)
+    hf = model.get_base_model() if hasattr(model, "get_base_model") else model
+    for obj in (*hf.modules(), *hf.parameters(), *hf.buffers()):
+        if getattr(obj, "_is_hf_initialized", False):
+            delattr(obj, "_is_hf_initialized")
+    with torch.no_grad(), implicit_replication(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="DTensor random operators")  # a CPU mesh: local random, fine here
+        hf.initialize_weights()
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.zero_()
     return model
 
 

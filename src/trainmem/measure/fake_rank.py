@@ -6,6 +6,13 @@ is in flight may live shorter here). The precision flags map to FSDP2's `MixedPr
 `trainmem.fsdp.precision_policy` says; trainmem's loop keeps its autocast region around the forward, which is
 then a no-op on the gathered half-precision weights.
 
+A rank starts as torchtitan starts one: the model (and its LoRA adapters) is built on the meta device, wrapped by
+`fully_shard` there (`trainmem.fsdp.shard_model`), and only this rank's shards are materialised on the device and
+initialised (`measure.build.materialise`); the peak counts from the start of the load, so a rank of a model larger
+than the device (a Llama-3.1-70B rank of 16 or more) is measured on one GPU. QLoRA's rank is the exception:
+bitsandbytes quantizes while it loads, so the whole model is loaded first, then sharded, and its peak restarts once
+it is sharded.
+
 `measure_rank_here` is the per-rank experiment; `measure_emulated` runs one rank (or every rank in turn)
 under the fake group.
 """
@@ -31,8 +38,10 @@ def ranks_of(setup: TrainSetup) -> list[int]:
 
 
 def measure_rank_here(spec: ModelSpec, setup: TrainSetup, device: str, precision: str, rank: int, world: int,
-                      env: dict[str, Any]) -> Result:
-    """One rank of the FSDP2 run, in a process whose default process group is already initialised."""
+                      env: dict[str, Any], on_meta: bool | None = None) -> Result:
+    """One rank of the FSDP2 run, in a process whose default process group is already initialised.
+    `on_meta`: built on meta and only this rank's shards materialised (the default, but for QLoRA), or False:
+    the whole model built on the device first, as QLoRA's rank is (tests compare the two)."""
     from .data import load_dataset, micro_batches
     from .stages import measure
 
@@ -43,6 +52,28 @@ def measure_rank_here(spec: ModelSpec, setup: TrainSetup, device: str, precision
     device_type = "cuda" if device == "cuda" else "cpu"
     if device == "cuda":
         torch.cuda.set_device(0)
+    if on_meta if on_meta is not None else setup.peft != "qlora":
+        # as torchtitan starts a rank: built and sharded on the meta device, then only this rank's shards
+        # materialised and initialised, all counted from the start of the load phase
+        result = measure(spec, setup, device, precision, batches, on_meta=True, follow=follow_fsdp_storage,
+                         wrap=lambda model: shard_model(model, world, precision, device_type),
+                         env={**env, "rank": rank, "world_size": world})
+        result.notes.append("built on the meta device and sharded there; only this rank's shards were materialised "
+                            "(random values), so the peak counts the load of a production FSDP2 rank")
+        if spec.has_weights:
+            result.notes.append("the checkpoint's weights were not read: the rank's shards hold random values of "
+                                "the same shapes and dtypes")
+        return result
+    return _measure_whole_then_shard(spec, setup, device, precision, batches, rank, world, env)
+
+
+def _measure_whole_then_shard(spec: ModelSpec, setup: TrainSetup, device: str, precision: str, batches: list,
+                              rank: int, world: int, env: dict[str, Any]) -> Result:
+    """QLoRA's rank: bitsandbytes quantizes while it loads, which no meta build reproduces, so the whole model is
+    loaded on the device, then sharded; the peak starts once it is sharded."""
+    from .stages import measure
+
+    device_type = "cuda" if device == "cuda" else "cpu"
     seen: dict[str, Any] = {}
 
     def follow(ledger: Any) -> Any:
@@ -50,8 +81,6 @@ def measure_rank_here(spec: ModelSpec, setup: TrainSetup, device: str, precision
         return follow_fsdp_storage(ledger)
 
     def wrap(model: torch.nn.Module) -> torch.nn.Module:
-        # trainmem builds the whole model on the device, then shards it; a production FSDP2 run builds
-        # on meta and materialises only its shard, so the peak starts once the model is sharded
         shard_model(model, world, precision, device_type)
         gc.collect()
         seen["ledger"].restart_peak()

@@ -255,8 +255,8 @@ class TensorLedger(TorchDispatchMode):
         self.by_tag[tag] -= n
 
     def restart_peak(self) -> None:
-        """Forget the peak so far: the next allocation starts a new one (an emulated FSDP2 rank does this
-        once its model is sharded, so the unsharded build does not count)."""
+        """Forget the peak so far: the next allocation starts a new one (an emulated QLoRA FSDP2 rank, whose
+        whole model is loaded before it is sharded, does this once it is sharded)."""
         self.peak = self.phase_peak = self.live
         self.peak_split, self.peak_phase = {}, self.phase
 

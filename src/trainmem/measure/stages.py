@@ -34,7 +34,7 @@ from trainmem.result import Result, empty_memory
 from trainmem.version import stamp
 
 from . import emulation
-from .build import build_model, build_optimizer, trainable_parameters
+from .build import build_model, build_optimizer, materialise, trainable_parameters
 from .ledger import (
     CudaReader,
     LedgerReader,
@@ -89,13 +89,24 @@ def readers(device: torch.device, live_state: Callable[[], StateBytes],
 
 
 def load(spec: ModelSpec, setup: TrainSetup, device: str, precision: str, ledger: TensorLedger,
-         wrap: Callable[[torch.nn.Module], torch.nn.Module] | None = None) -> tuple[torch.nn.Module, dict]:
+         wrap: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
+         on_meta: bool = False) -> tuple[torch.nn.Module, dict]:
     """The model (wrapped by `wrap`, for a distributed rank) and what the row records about it. On the
-    CPU the build runs inside the ledger, so that what loading allocates is counted (and capped)."""
-    with ledger if device == "cpu" else contextlib.nullcontext():
-        base = build_model(spec, setup, device, precision)
+    CPU the build runs inside the ledger, so that what loading allocates is counted (and capped).
+    `on_meta` (an FSDP2 rank, as torchtitan builds one): the model is built and wrapped on the meta device,
+    which holds nothing, and only what `materialise` allocates, this rank's shards, is counted."""
+    counted = ledger if device == "cpu" else contextlib.nullcontext()
+    if on_meta:
+        base = build_model(spec, setup, "meta", precision)
         trainable, total = trainable_parameters(base)
         model = wrap(base) if wrap else base
+        with counted:
+            materialise(model, device)
+    else:
+        with counted:
+            base = build_model(spec, setup, device, precision)
+            trainable, total = trainable_parameters(base)
+            model = wrap(base) if wrap else base
     described = {"trainable_parameters": trainable, "loaded_parameters": total,
                  "attention": getattr(base.config, "_attn_implementation", None)}
     return model, described
@@ -153,7 +164,8 @@ def notes(setup: TrainSetup, result: Result, log: TrainLog) -> list[str]:
 
 def measure(spec: ModelSpec, setup: TrainSetup, device: str, precision: str, batches: list,
             wrap: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
-            follow: Callable[[TensorLedger], Any] | None = None, env: dict | None = None) -> Result:
+            follow: Callable[[TensorLedger], Any] | None = None, env: dict | None = None,
+            on_meta: bool = False) -> Result:
     """Build, train and measure on these micro-batches with trainmem's loop, in this process.
 
     Args:
@@ -162,6 +174,7 @@ def measure(spec: ModelSpec, setup: TrainSetup, device: str, precision: str, bat
         wrap: a distributed rank's model wrapper (DDP, FSDP2's `fully_shard`).
         follow: a context, given the ledger, that lets it see storage the dispatcher does not (FSDP2's resizes).
         env: more environment for the row (backend, rank, world size).
+        on_meta: build and wrap on the meta device, then materialise only what the wrapped model keeps (`load`).
     Returns:
         The row: status `ok`, `oom` (with `oom_record`) or `error` (with the traceback). A SetupError
         found while building is raised, not returned: it is the caller's input that is wrong.
@@ -187,7 +200,7 @@ def measure(spec: ModelSpec, setup: TrainSetup, device: str, precision: str, bat
     try:
         with follow(ledger) if follow else contextlib.nullcontext():
             probe.begin("load")
-            model, described = load(spec, setup, device, precision, ledger, wrap)
+            model, described = load(spec, setup, device, precision, ledger, wrap, on_meta)
             held["model"] = probe.model = model
             probe.end()
             result.model.update(described)
