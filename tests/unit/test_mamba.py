@@ -105,9 +105,11 @@ def test_the_kernels_path_holds_far_less_than_the_torch_scan(which, seq, request
     peaks = {}
     for path in ("torch", "kernels"):
         setup = TrainSetup(seq_len=seq, batch_size=1, precision="bf16", mamba_path=path).validate(spec)
-        ledger, _ = simulate_step(model_builder(spec, setup, "bf16", CATALOG["H200"]), setup, "bf16")
-        peaks[path] = ledger.peak
-    assert peaks["kernels"] < 0.7 * peaks["torch"], peaks
+        # no cuBLAS workspace: at this size the two handles' 64 MiB would hide the mixers
+        ledger, final = simulate_step(model_builder(spec, setup, "bf16", CATALOG["H200"]), setup, "bf16",
+                                      workspace=0)
+        peaks[path] = ledger.peak - final.weights - final.gradients - final.optimizer  # beyond the model states
+    assert peaks["kernels"] < 0.5 * peaks["torch"], peaks
 
 
 def test_patched_puts_the_standins_in_and_takes_them_out(granite):
