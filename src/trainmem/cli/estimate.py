@@ -52,6 +52,13 @@ def main(args: argparse.Namespace) -> int:
 
         with console.status("checking what would make it fit..."):
             result.verdict["checked"] = check(spec, setup, breakdown, options.verdict_card(setup), margin, args.method)
+    from trainmem.estimator import MAMBA_NOTES
+    from trainmem.search.advice import other_mamba_path
+
+    with console.status("estimating the other Mamba path..."):
+        other = other_mamba_path(spec, setup, options.verdict_card(setup), margin, args.method)
+    if other is not None:  # beside the note that names the path priced
+        result.notes = [f"{n}; {other}" if n == MAMBA_NOTES[setup.mamba_path] else n for n in result.notes]
     cache.store(answer_key, result)
     for note in result.append_to(args.out) if args.out else []:
         Console(stderr=True).print(f"warning: {note}", style="yellow", markup=False, soft_wrap=True)

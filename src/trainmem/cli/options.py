@@ -17,6 +17,7 @@ from trainmem.config.setup import (
     ENGINES,
     ESTIMATORS,
     KERNELS,
+    MAMBA_PATHS,
     OPTIMIZERS,
     PEFTS,
     PRECISIONS,
@@ -44,6 +45,9 @@ SETUP_FLAGS: dict[str, tuple[str, str]] = {
     "--attention": ("attention", f"{'|'.join(ATTENTIONS)} (default auto: sdpa where the model's transformers class supports it, else eager)"),
     "--kernels": ("kernels", f"{'|'.join(KERNELS)}: liger = liger-kernel's fused linear cross-entropy, RMSNorm, "
                   "SwiGLU and RoPE for llama, mistral, qwen2 and qwen3 models (default none)"),
+    "--mamba-path": ("mamba_path", f"{'|'.join(MAMBA_PATHS)}: the path a Mamba mixer takes where it trains: "
+                     "torch = transformers' PyTorch scan (no mamba-ssm; default), kernels = mamba-ssm and "
+                     "causal-conv1d installed"),
     "--steps": ("steps", "optimizer steps (default 3; step 2 is the first steady one)"),
     "--labels": ("labels", "dummy labels: random (independent token ids, default) | copy (labels = inputs)"),
     "--num-samples": ("num_samples", "dummy samples (default 64)"),

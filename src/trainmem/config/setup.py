@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmem.errors import SetupError
-from trainmem.hardware.cuda import LIGER_FAMILIES
+from trainmem.hardware.cuda import LIGER_FAMILIES, MAMBA_FAMILIES, MAMBA_PATHS
 from trainmem.hardware.gpus import find_gpu, gpu_problem
 from trainmem.hardware.interconnect import network_problem
 
@@ -83,6 +83,12 @@ class TrainSetup:
     linear cross-entropy, which never holds the logits, and its RMSNorm, SwiGLU and RoPE kernels), applied by
     `run` as `apply_liger_kernel_to_<family>` applies them and priced by the estimate from liger-kernel's
     sources (`trainmem.hardware.cuda.LIGER_FAMILIES`)."""
+    mamba_path: str = "torch"
+    """Which path a Mamba mixer (hybrid and Mamba models: `trainmem.hardware.cuda.MAMBA_FAMILIES`) takes on the
+    training machine: `torch` (transformers' PyTorch chunked scan, taken where mamba-ssm is not installed, and
+    the path measured on GPUs here) or `kernels` (mamba-ssm's and causal-conv1d's fused kernels, priced from
+    their sources: `trainmem.hardware.cuda.MAMBA_SOURCE`). The estimate of such a model also gives the other
+    path's figure."""
     steps: int = 3
     """Optimizer steps. Adam states exist only after step 1, so step 2 is the first steady one."""
     labels: str = "random"
@@ -263,6 +269,9 @@ class TrainSetup:
         choice("kernels", self.kernels, KERNELS)
         if self.kernels == "liger" and self.distributed:
             out.append("--kernels liger: modelled on one GPU; drop --gpus and --shard, or use --kernels none")
+        choice("mamba-path", self.mamba_path, MAMBA_PATHS)
+        if self.mamba_path == "kernels" and self.distributed:
+            out.append("--mamba-path kernels: modelled on one GPU; drop --gpus and --shard, or use --mamba-path torch")
         choice("labels", self.labels, LABELS)
         choice("data-mode", self.data_mode, DATA_MODES)
         choice("device", self.device, DEVICES)
@@ -360,6 +369,9 @@ class TrainSetup:
         if self.kernels == "liger" and spec.model_type not in LIGER_FAMILIES:
             out.append(f"--kernels liger: trainmem models Liger's kernels for {', '.join(LIGER_FAMILIES)} models, and "
                        f"{spec.name} is {spec.model_type}; use --kernels none")
+        if self.mamba_path == "kernels" and spec.model_type not in MAMBA_FAMILIES:
+            out.append(f"--mamba-path kernels: {spec.name} ({spec.model_type}) has no Mamba mixer for it to change; "
+                       "drop --mamba-path")
         if self.data is not None and spec.path is None:
             out.append(f"--data: {spec.name} has no tokenizer (a preset or a bare config.json); pass a "
                        "local model folder with tokenizer files as --model, or use the dummy data")

@@ -33,6 +33,13 @@ from .time import comm
 from .time import step as timing
 
 METHODS = ESTIMATORS
+MAMBA_NOTES = {
+    "torch": "priced: the PyTorch Mamba path (transformers' chunked scan, which runs where mamba-ssm is not installed)",
+    "kernels": "priced: the mamba-ssm kernels path (mamba-ssm and causal-conv1d installed; derived from their "
+               "sources, not measured)",
+}
+"""The note that says which Mamba path a hybrid's estimate prices (`TrainSetup.mamba_path`); the answer shows it
+first, with the other path's figure (`search.advice.other_mamba_path`)."""
 
 
 class EstimateError(RuntimeError):
@@ -54,6 +61,9 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
         raise SetupError([f"--method: {method!r} is not one of {', '.join(METHODS)}"])
     if method == "analytic" and setup.kernels == "liger":
         raise SetupError(["--method analytic: does not model --kernels liger (Liger's kernels are priced by "
+                          "simulating the step); use --method simulate or auto"])
+    if method == "analytic" and setup.mamba_path == "kernels":
+        raise SetupError(["--method analytic: does not model --mamba-path kernels (the Mamba kernels are priced by "
                           "simulating the step); use --method simulate or auto"])
     precision = setup.resolved_precision(spec, "cuda")
     method, why = _method(setup, method)
@@ -117,6 +127,8 @@ def _setup_notes(spec: ModelSpec, setup: TrainSetup, method_note: str | None) ->
         notes.append(f"--kernels liger: Liger's fused linear cross-entropy (no logits), RMSNorm, SwiGLU and RoPE "
                      f"priced from liger-kernel {cuda.LIGER_VERSION}'s sources; the step time is transformers' "
                      "modules', not Liger's kernels'")
+    if spec.model_type in cuda.MAMBA_FAMILIES:
+        notes.append(MAMBA_NOTES[setup.mamba_path])
     if setup.data is not None:
         notes.append(f"--data: estimated as full {setup.seq_len}-token rows (an upper bound for padded text)")
     if setup.lr_note():

@@ -155,8 +155,26 @@ patches (`LIGER_SOURCE`); every family here also gets its final norm, its MLP's 
 `apply_rotary_pos_emb` and the fused linear cross-entropy forward. Liger's Triton kernels run on CUDA only."""
 
 
+# --- Mamba's kernels --------------------------------------------------------------------------------------
+MAMBA_SOURCE = ("state-spaces/mamba 2.3.2.post1 (mamba_ssm/ops/triton/ssd_combined.py, "
+                "mamba_ssm/ops/selective_scan_interface.py, csrc/selective_scan/selective_scan.cpp) and "
+                "Dao-AILab/causal-conv1d 1.6.1 (causal_conv1d_interface.py, cpp_functions.py)")
+"""The sources whose autograd Functions the estimate's Mamba stand-ins follow (`estimator.memory.mamba`)."""
+MAMBA_PATHS = ("torch", "kernels")
+"""A Mamba mixer's two paths in transformers: its PyTorch chunked scan, or mamba-ssm's and causal-conv1d's
+kernels, which transformers binds when its modeling module is imported where both are installed."""
+MAMBA_FAMILIES: dict[str, str] = {
+    "mamba": "inner", "falcon_mamba": "inner", "jamba": "scan", "zamba": "scan",
+    "mamba2": "split", "bamba": "split", "falcon_h1": "split", "granitemoehybrid": "split", "zamba2": "split",
+    "nemotron_h": "split",
+}
+"""`model_type` -> what its Mamba mixer calls in training with the kernels installed (transformers 5.17):
+`split` mamba_split_conv1d_scan_combined (with the gated RMSNorm and out_proj inside), `inner` mamba_inner_fn,
+`scan` causal_conv1d_fn then selective_scan_fn."""
+
+
 __all__ = ["SDPA_SOURCE", "has_flash", "sdpa_kernel", "sdpa_backends", "CUBLAS_SOURCE", "CUBLAS_HANDLES",
            "workspace_config", "workspace_bytes", "cublas_workspace", "H200_CONTEXT_AT_START", "H200_OVERHEAD",
            "LAZY_KERNELS", "FUSED_ATTENTION_KERNELS", "STACK_PER_THREAD", "THREADS_PER_SM", "local_memory",
            "CONTEXT_BASE", "derived_context", "fused_attention_loaded", "LIGER_VERSION", "LIGER_SOURCE",
-           "LIGER_FAMILIES"]
+           "LIGER_FAMILIES", "MAMBA_SOURCE", "MAMBA_PATHS", "MAMBA_FAMILIES"]

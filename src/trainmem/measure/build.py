@@ -21,6 +21,7 @@ from trainmem.config.optimizers import OPTIMIZERS
 from trainmem.config.setup import TrainSetup, peft_targets
 from trainmem.config.specs import ModelSpec
 from trainmem.errors import SetupError
+from trainmem.hardware.cuda import MAMBA_FAMILIES
 
 WEIGHT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
                  "amp-bf16": torch.float32, "amp-fp16": torch.float32}
@@ -35,6 +36,12 @@ def has_bitsandbytes() -> bool:
 def has_liger() -> bool:
     """Whether liger-kernel is importable: `--kernels liger` needs it (and Triton, which CUDA builds of torch carry)."""
     return importlib.util.find_spec("liger_kernel") is not None
+
+
+def has_mamba_kernels() -> bool:
+    """Whether mamba-ssm and causal-conv1d are importable: transformers then binds their kernels into a Mamba
+    mixer's modeling module (`--mamba-path kernels`)."""
+    return all(importlib.util.find_spec(name) is not None for name in ("mamba_ssm", "causal_conv1d"))
 
 
 def _cpu_runs(dtype: torch.dtype) -> bool:
@@ -75,6 +82,10 @@ def environment_problems(setup: TrainSetup, device: str, precision: str) -> list
     elif setup.kernels == "liger" and not has_liger():
         out.append("--kernels liger: needs liger-kernel, which is not installed (pip install liger-kernel on a "
                    "CUDA machine)")
+    if setup.mamba_path == "kernels" and not has_mamba_kernels():
+        out.append("--mamba-path kernels: cannot run here, as mamba-ssm and causal-conv1d are not installed (pip "
+                   "install mamba-ssm causal-conv1d on a CUDA machine); `trainmem estimate` prices it, or use "
+                   "--mamba-path torch")
     if setup.peft == "qlora" and device == "cpu":
         out.append("--peft qlora: 4-bit NF4 training runs on CUDA only here; use --device cuda or "
                    "--peft lora on the CPU")
@@ -145,6 +156,19 @@ def init_device(spec: ModelSpec, dtype: torch.dtype, cap: int | None, free: int)
     return "cuda" if need <= 0.9 * room else "cpu"
 
 
+def _torch_mamba(model: torch.nn.Module) -> None:
+    """transformers' PyTorch Mamba functions back in the model's modeling module where mamba-ssm is installed
+    (`--mamba-path torch`): each kernel-bound name wraps its fallback (`__wrapped__`)."""
+    import sys
+
+    module = sys.modules[type(model).__module__]
+    for name in ("mamba2_split_conv1d_scan_combined", "mamba_inner_fn", "mamba_selective_scan", "causal_conv1d_fn",
+                 "mamba2_chunk_scan"):
+        fn = getattr(module, name, None)
+        if getattr(fn, "__wrapped__", None) is not None:
+            setattr(module, name, fn.__wrapped__)
+
+
 def build_model(spec: ModelSpec, setup: TrainSetup, device: str, precision: str) -> torch.nn.Module:
     """The model, on `device`, in training mode, with checkpointing and adapters as the setup says. On `meta`
     (an FSDP2 rank, before `materialise`) a checkpoint's config is built without its weights: no memory."""
@@ -190,6 +214,8 @@ def build_model(spec: ModelSpec, setup: TrainSetup, device: str, precision: str)
         from liger_kernel.transformers import _apply_liger_kernel_to_instance
 
         _apply_liger_kernel_to_instance(model=model)
+    if setup.mamba_path == "torch" and spec.model_type in MAMBA_FAMILIES and has_mamba_kernels():
+        _torch_mamba(model)
     with torch.device("meta") if device == "meta" else contextlib.nullcontext():  # peft makes adapters on the CPU
         model = add_adapters(model, setup, spec)
     model.train()

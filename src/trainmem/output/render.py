@@ -156,6 +156,8 @@ def result_tables(r: Result, phases: bool = False, verbose: bool = False) -> lis
              f"(effective {r.effective_batch}), seq {s['seq_len']}, {s['peft']}, {s['precision']}, "
              f"{s['optimizer']}{', checkpointing' if s['checkpointing'] else ''}  on {r.env.get('gpu') or s['device']}")
     out: list[Any] = [headline(r)]
+    priced = [n for n in r.notes if n.startswith("priced: ")]  # which Mamba path, and the other's figure
+    out += [Text(n) for n in priced]
     checked = (r.verdict or {}).get("checked")
     if checked:
         out.append(Text(checked_advice(checked, r.verdict["gpu"])))
@@ -206,7 +208,7 @@ def result_tables(r: Result, phases: bool = False, verbose: bool = False) -> lis
     if r.error:
         out.append(Text(r.error.strip().splitlines()[-1], style="red"))
     hidden = [n for n in r.notes if routine(n)] if not verbose else []
-    out += [Text(f"note: {n}") for n in r.notes if n not in hidden]
+    out += [Text(f"note: {n}") for n in r.notes if n not in hidden and n not in priced]
     if hidden:
         out.append(Text(f"({len(hidden)} note{'s' if len(hidden) > 1 else ''} hidden; --verbose)", style="dim"))
     if phases and r.phases:

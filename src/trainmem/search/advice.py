@@ -22,7 +22,10 @@ from trainmem.config.specs import ModelSpec
 from trainmem.errors import SetupError
 from trainmem.estimator import EstimateError, estimate
 from trainmem.estimator.breakdown import Breakdown
+from trainmem.hardware.cuda import MAMBA_FAMILIES
 from trainmem.hardware.gpus import GPU
+
+OTHER_PATH = {"torch": ("kernels", "with mamba-ssm kernels"), "kernels": ("torch", "without mamba-ssm (PyTorch path)")}
 
 
 def changes(setup: TrainSetup, cut: str) -> list[tuple[str, dict[str, Any]]]:
@@ -80,4 +83,23 @@ def _level(spec: ModelSpec, setup: TrainSetup, card: str | GPU, margin: float,
     return {"need": v["need"], "level": v["level"]}
 
 
-__all__ = ["changes", "check"]
+def other_mamba_path(spec: ModelSpec, setup: TrainSetup, card: str | GPU | None, margin: float,
+                     method: str = "auto") -> str | None:
+    """For a model with Mamba mixers, the other Mamba path's figure in words (`--mamba-path`): what it needs and
+    whether that fits the card, or its peak reserved without one; None for other models. It is one more
+    estimate, as long as the first: the training machine's path is rarely known to whoever asks, and the two
+    differ several times over in activations."""
+    if spec.model_type not in MAMBA_FAMILIES:
+        return None
+    other, words = OTHER_PATH[setup.mamba_path]
+    try:
+        b = estimate(spec, setup.replace(mamba_path=other), method)
+    except (SetupError, EstimateError) as e:
+        return f"{words}: not estimated ({str(e).splitlines()[0]})"
+    if card is None:
+        return f"{words}: peak {b.memory['peak_reserved'] / 2**30:.1f} GiB reserved (--mamba-path {other})"
+    v = b.verdict(card, margin)
+    return f"{words}: needs {v['need'] / 2**30:.1f} GiB, {v['level']} (--mamba-path {other})"
+
+
+__all__ = ["changes", "check", "other_mamba_path"]
