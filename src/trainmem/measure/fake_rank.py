@@ -6,8 +6,9 @@ is in flight may live shorter here). The precision flags map to FSDP2's `MixedPr
 `trainmem.fsdp.precision_policy` says; trainmem's loop keeps its autocast region around the forward, which is
 then a no-op on the gathered half-precision weights.
 
-`measure_rank_here` is the per-rank experiment; `measure_emulated` runs one rank (or every rank in turn)
-under the fake group.
+`measure_rank_here` is the per-rank experiment (FSDP2 or DDP), in whatever default process group the process
+holds: `measure_emulated` runs one rank (or every rank in turn) under the fake group, and
+`trainmem.measure.torchrun` runs each rank of a real group under torchrun.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import torch
 from trainmem.config.setup import TrainSetup
 from trainmem.config.specs import ModelSpec
 from trainmem.fsdp import fake_group, follow_fsdp_storage, policy_words, shard_model
-from trainmem.result import Result
+from trainmem.fsdp import wrap as fsdp_wrap
+from trainmem.result import Result, merge_ranks
 
 
 def ranks_of(setup: TrainSetup) -> list[int]:
@@ -31,8 +33,10 @@ def ranks_of(setup: TrainSetup) -> list[int]:
 
 
 def measure_rank_here(spec: ModelSpec, setup: TrainSetup, device: str, precision: str, rank: int, world: int,
-                      env: dict[str, Any]) -> Result:
-    """One rank of the FSDP2 run, in a process whose default process group is already initialised."""
+                      env: dict[str, Any], cuda_index: int = 0) -> Result:
+    """One rank of the `setup.shard` (fsdp or ddp) run, in a process whose default process group is already
+    initialised: the fake group here, a real one (NCCL, gloo) under torchrun (`trainmem.measure.torchrun`).
+    `cuda_index`: the GPU this rank runs on (its LOCAL_RANK under torchrun, 0 for an emulated rank)."""
     from .data import load_dataset, micro_batches
     from .stages import measure
 
@@ -42,7 +46,7 @@ def measure_rank_here(spec: ModelSpec, setup: TrainSetup, device: str, precision
     batches = batches[k:] + batches[:k]
     device_type = "cuda" if device == "cuda" else "cpu"
     if device == "cuda":
-        torch.cuda.set_device(0)
+        torch.cuda.set_device(cuda_index)  # before the device mesh, which would otherwise pick one itself
     seen: dict[str, Any] = {}
 
     def follow(ledger: Any) -> Any:
@@ -60,17 +64,20 @@ def measure_rank_here(spec: ModelSpec, setup: TrainSetup, device: str, precision
             torch.cuda.reset_peak_memory_stats()
         return model
 
-    result = measure(spec, setup, device, precision, batches, wrap=wrap, follow=follow,
-                     env={**env, "rank": rank, "world_size": world})
-    result.notes.append("the unsharded model built before fully_shard is not counted: the peak starts once "
-                        "the model is sharded (the `load` phase shows the sharded model)")
+    def wrap_ddp(model: torch.nn.Module) -> torch.nn.Module:
+        return fsdp_wrap(model, "ddp", world)  # on the model's own device; every rank holds the whole model
+
+    fsdp = setup.shard == "fsdp"
+    result = measure(spec, setup, device, precision, batches, wrap=wrap if fsdp else wrap_ddp,
+                     follow=follow if fsdp else None, env={**env, "rank": rank, "world_size": world})
+    if fsdp:
+        result.notes.append("the unsharded model built before fully_shard is not counted: the peak starts once "
+                            "the model is sharded (the `load` phase shows the sharded model)")
     return result
 
 
 def measure_emulated(spec: ModelSpec, setup: TrainSetup, device: str, precision: str) -> Result:
     """Rank `--rank` (or each in turn) of the `--gpus` N-rank FSDP2 run, each under its own fake group."""
-    from .gloo import merge_ranks
-
     n = setup.gpus
     rows = []
     for rank in ranks_of(setup):
