@@ -50,7 +50,8 @@ def main(out_dir: str, indices: list[int]) -> int:
         est = estimate(model, setup)
         est.to_result().append_to(os.path.join(out_dir, "launch-estimates.jsonl"))
         print(f"[{i}] {model} {kw}: {launched.status} ({time.time() - t0:.0f}s); estimate {est.method} "
-              f"{est.memory['peak_allocated'] / gib:.3f} GiB allocated, {est.memory['peak_reserved'] / gib:.3f} reserved",
+              f"{est.memory['peak_allocated'] / gib:.3f} GiB allocated, "
+              f"{est.memory['peak_reserved'] / gib:.3f} reserved",
               flush=True)
         if launched.status == "error":
             print(launched.error, file=sys.stderr)
@@ -59,7 +60,8 @@ def main(out_dir: str, indices: list[int]) -> int:
             m = k["memory"]
             line = (f"    rank {k['rank']}: {k['status']} allocated {m['peak_allocated'] / gib:.3f} GiB (estimate "
                     f"{_pct(est.memory['peak_allocated'], m['peak_allocated'])}), reserved "
-                    f"{m['peak_reserved'] / gib:.3f} GiB (estimate {_pct(est.memory['peak_reserved'], m['peak_reserved'])})"
+                    f"{m['peak_reserved'] / gib:.3f} GiB (estimate "
+                    f"{_pct(est.memory['peak_reserved'], m['peak_reserved'])})"
                     f", device_used {m['device_used'] / gib:.3f} GiB")
             if emulated is not None and emulated.status == "ok":
                 e = emulated.memory

@@ -124,4 +124,5 @@ def test_cli_prints_the_command_and_a_rank_oom_is_a_row(tmp_path):
     p = subprocess.run(cli + ["--memory-cap", "0.1MiB", "--json"], capture_output=True, text=True)
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
     row = json.loads(p.stdout)
-    assert row["status"] == "oom" and row["oom"]["phase"] == "load" and [k["status"] for k in row["ranks"]] == ["oom"] * 2
+    assert row["status"] == "oom" and row["oom"]["phase"] == "load"
+    assert [k["status"] for k in row["ranks"]] == ["oom"] * 2

@@ -29,14 +29,14 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-isolate", action="store_true", help="run in this process (faster, may leak memory)")
     p.add_argument("--launch", action="store_true", help="run the --gpus N ranks as N processes under torchrun "
                    "(NCCL on CUDA, gloo on the CPU) and merge their rows")
-    p.add_argument("--print-only", action="store_true", help="with --launch: print the torchrun command and run nothing")
+    p.add_argument("--print-only", action="store_true", help="with --launch: print its command, run nothing")
 
 
 def main(args: argparse.Namespace) -> int:
     if args.out and out_problems(args.out):  # first, alone and at once: where the row goes, not the setup
         raise SetupError(out_problems(args.out))
-    alone = ["--print-only: prints the command of --launch; add --launch"] if args.print_only and not args.launch else []
-    spec, setup = options.setup_from_args(args, alone)
+    alone = args.print_only and not args.launch
+    spec, setup = options.setup_from_args(args, ["--print-only: prints the command of --launch; add --launch"] * alone)
     if args.print_only:  # each rank writes its row to OUT_DIR/rank-R.json, the command's last argument
         sys.stdout.write(shlex.join(launch.prepare(spec, setup)) + "\n")
         return 0

@@ -57,7 +57,7 @@ def main(job_path: str, out_dir: str) -> int:
     spec, setup = from_job(job)
     device, precision = job["device"], job["precision"]
     problems = gpu_problems(device, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
-    problems = problems or environment_problems(setup, device, precision)
+    problems = problems or environment_problems(setup, device, precision, launched=True)
     if problems:
         _write(out_dir, rank, {"status": "invalid", "problems": problems})
         return 0
