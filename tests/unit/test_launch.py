@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -109,20 +108,22 @@ def test_ranks_that_return_nothing_make_an_error_row(monkeypatch):
     assert r.status == "error" and r.error.startswith("2 of 2 ranks returned no result (torchrun exit 3)")
 
 
-def test_cli_prints_the_command_and_a_rank_oom_is_a_row(tmp_path):
-    cli = [sys.executable, "-m", "trainmem.cli", "run", "--model", "tiny-llama", "--device", "cpu", "--gpus", "2",
-           "--shard", "ddp", "--batch-size", "2", "--seq-len", "32", "--steps", "2", "--num-samples", "8",
-           "--launch"]
-    p = subprocess.run(cli + ["--print-only"], capture_output=True, text=True, check=True)
-    line = p.stdout.strip()
+def test_cli_prints_the_command_and_a_rank_oom_is_a_row(capsys):
+    from trainmem.cli import main
+
+    argv = ["run", "--model", "tiny-llama", "--device", "cpu", "--gpus", "2", "--shard", "ddp", "--batch-size", "2",
+            "--seq-len", "32", "--steps", "2", "--num-samples", "8", "--launch"]
+    assert main(argv + ["--print-only"]) == 0
+    line = capsys.readouterr().out.strip()
     assert "--standalone --nproc-per-node 2 -m trainmem.measure.torchrun " in line
     folder = Path(line.split()[-2]).parent
     job = json.loads((folder / "job.json").read_text())
     shutil.rmtree(folder)
     assert job["device"] == "cpu" and job["precision"] == "fp32" and job["setup"]["shard"] == "ddp"
     # 0.1 MiB: less than the model's weights, so each rank's build runs out of memory before any collective
-    p = subprocess.run(cli + ["--memory-cap", "0.1MiB", "--json"], capture_output=True, text=True)
-    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
-    row = json.loads(p.stdout)
+    assert main(argv + ["--memory-cap", "0.1MiB", "--json"]) == 0  # an OOM is a result
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    row = json.loads(out)
     assert row["status"] == "oom" and row["oom"]["phase"] == "load"
     assert [k["status"] for k in row["ranks"]] == ["oom"] * 2
