@@ -104,6 +104,22 @@ class Result:
         return notes
 
 
+def merge_ranks(rows: list[dict[str, Any]]) -> Result:
+    """One row of a run of several ranks: the rank with the largest peak becomes the top level and every rank's
+    memory goes to `ranks`; a rank that failed makes the run fail. The gloo ranks, the fake-group ranks run in
+    turn and the ranks under torchrun are merged alike."""
+    worst = max(rows, key=lambda r: r["memory"]["peak_allocated"])
+    top = dict(worst)
+    top["ranks"] = [{"rank": r["env"].get("rank", i), "status": r["status"], "peak_phase": r["peak_phase"],
+                     "memory": r["memory"], "model_states": r["model_states"]} for i, r in enumerate(rows)]
+    failed = [r for r in rows if r["status"] != "ok"]
+    if failed and top["status"] == "ok":
+        for key in ("status", "oom", "error"):
+            top[key] = failed[0][key]
+    top["env"] = {**top["env"], "rank": None, "peak_rank": worst["env"].get("rank")}
+    return Result.from_dict(top)
+
+
 # --- result files: JSONL, one row per line, appended whole by one writer at a time ------------------------
 ROW_KINDS = ("measurement", "estimate")
 

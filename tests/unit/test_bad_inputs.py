@@ -456,6 +456,12 @@ REFUSED = [
     ("verify-full-batch-negative", ["verify-accumulation", "--full-batch", "-1"], "--full-batch: must be a whole number >= 1"),
     ("verify-micro-batch-zero", ["verify-accumulation", "--micro-batch", "0"], "--micro-batch: must be a whole number >= 1"),
     ("run-lr-inf", ["run", *TINY, "--lr", "inf", "--device", "cpu", "--no-isolate"], "--lr: expected a finite number"),
+    ("run-launch-one-gpu", ["run", *TINY, "--device", "cpu", "--launch"], "--launch: runs N ranks as N processes; "
+     "needs --gpus N (N >= 2) and --shard fsdp|ddp (got --gpus 1 --shard none)"),
+    ("run-launch-rank", ["run", *TINY, "--device", "cpu", "--gpus", "2", "--shard", "fsdp", "--rank", "0", "--launch"],
+     "--rank 0: --launch runs every rank; drop --rank"),
+    ("run-print-only-alone", ["run", *TINY, "--device", "cpu", "--print-only"], "--print-only: prints the command of "
+     "--launch; add --launch"),
     ("run-ckpt-no", ["run", "--config", "{ckpt-no.yaml}", "--device", "cpu", "--no-isolate"],
      "--config: checkpointing in {ckpt-no.yaml}: expected true or false"),
     ("report-missing", ["report", "{folder}/none.jsonl"], "FILE.jsonl: no such file"),

@@ -7,12 +7,14 @@ the first line says whether the setup fits that card.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
 from rich.console import Console
 from rich.markup import escape
 
 from trainmem.errors import SetupError
+from trainmem.isolation import launch
 from trainmem.isolation.runner import run
 from trainmem.output.render import json_line, print_result
 from trainmem.result import out_problems
@@ -25,15 +27,22 @@ def register(p: argparse.ArgumentParser) -> None:
     options.add_output(p, "the result object")
     p.add_argument("--phases", action="store_true", help="also print the phase-by-phase table")
     p.add_argument("--no-isolate", action="store_true", help="run in this process (faster, may leak memory)")
+    p.add_argument("--launch", action="store_true", help="run the --gpus N ranks as N processes under torchrun "
+                   "(NCCL on CUDA, gloo on the CPU) and merge their rows")
+    p.add_argument("--print-only", action="store_true", help="with --launch: print its command, run nothing")
 
 
 def main(args: argparse.Namespace) -> int:
     if args.out and out_problems(args.out):  # first, alone and at once: where the row goes, not the setup
         raise SetupError(out_problems(args.out))
-    spec, setup = options.setup_from_args(args)
+    alone = args.print_only and not args.launch
+    spec, setup = options.setup_from_args(args, ["--print-only: prints the command of --launch; add --launch"] * alone)
+    if args.print_only:  # each rank writes its row to OUT_DIR/rank-R.json, the command's last argument
+        sys.stdout.write(shlex.join(launch.prepare(spec, setup)) + "\n")
+        return 0
     console = Console(stderr=args.json)
     with console.status(f"training {escape(spec.name)} ({spec.source}) for {setup.steps} steps..."):
-        result = run(spec, setup, isolate=not args.no_isolate)
+        result = launch.launch(spec, setup) if args.launch else run(spec, setup, isolate=not args.no_isolate)
     for note in result.append_to(args.out) if args.out else []:
         Console(stderr=True).print(f"warning: {note}", style="yellow", markup=False, soft_wrap=True)
     if args.json:

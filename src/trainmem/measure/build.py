@@ -53,17 +53,19 @@ def _cpu_runs(dtype: torch.dtype) -> bool:
         return False
 
 
-def environment_problems(setup: TrainSetup, device: str, precision: str) -> list[str]:
-    """Problems that depend on this machine: missing CUDA or bitsandbytes, dtypes the CPU lacks."""
+def environment_problems(setup: TrainSetup, device: str, precision: str, launched: bool = False) -> list[str]:
+    """Problems that depend on this machine: missing CUDA or bitsandbytes, dtypes the CPU lacks. `launched`: a
+    rank under torchrun (`run --launch`), which has a GPU of its own, so DDP runs on CUDA too."""
     out: list[str] = []
     if setup.distributed:
         predict = f"predict them with trainmem estimate --gpus {setup.gpus} --shard {setup.shard}"
         if setup.shard.startswith("zero"):
             out.append(f"--shard {setup.shard}: measured ZeRO runs are not built yet (DeepSpeed is not "
                        f"installed); {predict}")
-        elif device == "cuda" and setup.shard != "fsdp":
+        elif device == "cuda" and setup.shard != "fsdp" and not launched:
             out.append(f"--gpus {setup.gpus} --device cuda --shard {setup.shard}: only FSDP2 ranks are emulated "
-                       f"on one GPU (--shard fsdp); use --device cpu for gloo processes or {predict}")
+                       f"on one GPU (--shard fsdp); use --device cpu for gloo processes, --launch for N GPUs, "
+                       f"or {predict}")
         if setup.offload != "none":
             out.append(f"--offload {setup.offload}: measured offload runs are not built yet; {predict}")
         if setup.engine == "trainer":

@@ -13,8 +13,9 @@ than the device (a Llama-3.1-70B rank of 16 or more) is measured on one GPU. QLo
 bitsandbytes quantizes while it loads, so the whole model is loaded first, then sharded, and its peak restarts once
 it is sharded.
 
-`measure_rank_here` is the per-rank experiment; `measure_emulated` runs one rank (or every rank in turn)
-under the fake group.
+`measure_rank_here` is the per-rank experiment (FSDP2 or DDP), in whatever default process group the process
+holds: `measure_emulated` runs one rank (or every rank in turn) under the fake group, and
+`trainmem.measure.torchrun` runs each rank of a real group under torchrun.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ import torch
 from trainmem.config.setup import TrainSetup
 from trainmem.config.specs import ModelSpec
 from trainmem.fsdp import fake_group, follow_fsdp_storage, policy_words, shard_model
-from trainmem.result import Result
+from trainmem.fsdp import wrap as fsdp_wrap
+from trainmem.result import Result, merge_ranks
 
 
 def ranks_of(setup: TrainSetup) -> list[int]:
@@ -38,10 +40,12 @@ def ranks_of(setup: TrainSetup) -> list[int]:
 
 
 def measure_rank_here(spec: ModelSpec, setup: TrainSetup, device: str, precision: str, rank: int, world: int,
-                      env: dict[str, Any], on_meta: bool | None = None) -> Result:
-    """One rank of the FSDP2 run, in a process whose default process group is already initialised.
-    `on_meta`: built on meta and only this rank's shards materialised (the default, but for QLoRA), or False:
-    the whole model built on the device first, as QLoRA's rank is (tests compare the two)."""
+                      env: dict[str, Any], on_meta: bool | None = None, cuda_index: int = 0) -> Result:
+    """One rank of the `setup.shard` (fsdp or ddp) run, in a process whose default process group is already
+    initialised: the fake group here, a real one (NCCL, gloo) under torchrun (`trainmem.measure.torchrun`).
+    `on_meta` (FSDP2): built on meta and only this rank's shards materialised (the default, but for QLoRA), or
+    False: the whole model built on the device first, as QLoRA's rank is (tests compare the two). `cuda_index`:
+    the GPU this rank runs on (its LOCAL_RANK under torchrun, 0 for an emulated rank)."""
     from .data import load_dataset, micro_batches
     from .stages import measure
 
@@ -51,7 +55,10 @@ def measure_rank_here(spec: ModelSpec, setup: TrainSetup, device: str, precision
     batches = batches[k:] + batches[:k]
     device_type = "cuda" if device == "cuda" else "cpu"
     if device == "cuda":
-        torch.cuda.set_device(0)
+        torch.cuda.set_device(cuda_index)  # before the device mesh, which would otherwise pick one itself
+    if setup.shard == "ddp":  # every rank holds the whole model, on its own device
+        return measure(spec, setup, device, precision, batches, wrap=lambda model: fsdp_wrap(model, "ddp", world),
+                       env={**env, "rank": rank, "world_size": world})
     if on_meta if on_meta is not None else setup.peft != "qlora":
         # as torchtitan starts a rank: built and sharded on the meta device, then only this rank's shards
         # materialised and initialised, all counted from the start of the load phase
@@ -98,8 +105,6 @@ def _measure_whole_then_shard(spec: ModelSpec, setup: TrainSetup, device: str, p
 
 def measure_emulated(spec: ModelSpec, setup: TrainSetup, device: str, precision: str) -> Result:
     """Rank `--rank` (or each in turn) of the `--gpus` N-rank FSDP2 run, each under its own fake group."""
-    from .gloo import merge_ranks
-
     n = setup.gpus
     rows = []
     for rank in ranks_of(setup):

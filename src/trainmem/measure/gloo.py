@@ -30,7 +30,7 @@ from trainmem.config.setup import TrainSetup
 from trainmem.config.specs import ModelSpec
 from trainmem.errors import SetupError
 from trainmem.fsdp import follow_fsdp_storage, wrap
-from trainmem.result import Result
+from trainmem.result import Result, merge_ranks
 
 from .data import load_dataset, micro_batches
 from .stages import measure
@@ -71,20 +71,6 @@ def execute_distributed(spec: ModelSpec, setup: TrainSetup, device: str, precisi
                       .to_dict(), model=spec.describe(), effective_batch=setup.effective_batch,
                       error=f"{n - len(rows)} of {n} ranks returned no result:\n{failure or ''}")
     return merge_ranks(rows)
-
-
-def merge_ranks(rows: list[dict[str, Any]]) -> Result:
-    """The rank with the largest peak becomes the top level; every rank's memory goes to `ranks`."""
-    worst = max(rows, key=lambda r: r["memory"]["peak_allocated"])
-    top = dict(worst)
-    top["ranks"] = [{"rank": r["env"].get("rank", i), "status": r["status"], "peak_phase": r["peak_phase"],
-                     "memory": r["memory"], "model_states": r["model_states"]} for i, r in enumerate(rows)]
-    failed = [r for r in rows if r["status"] != "ok"]
-    if failed and top["status"] == "ok":  # a rank that failed makes the run fail
-        for key in ("status", "oom", "error"):
-            top[key] = failed[0][key]
-    top["env"] = {**top["env"], "rank": None, "peak_rank": worst["env"].get("rank")}
-    return Result.from_dict(top)
 
 
 def _rank_main(rank: int, world: int, port: int, job: dict[str, Any], tmp: str) -> None:

@@ -64,7 +64,7 @@ def environment(device: str, reader: Any = None) -> dict[str, Any]:
     env.update(stamp())
     env["device"] = device
     if device == "cuda":
-        props = torch.cuda.get_device_properties(0)
+        props = torch.cuda.get_device_properties()  # the current device
         env.update(gpu=props.name, gpu_total_memory=props.total_memory, cuda=torch.version.cuda,
                    cuda_context=getattr(reader, "context", None))
     else:
@@ -179,7 +179,7 @@ def measure(spec: ModelSpec, setup: TrainSetup, device: str, precision: str, bat
         The row: status `ok`, `oom` (with `oom_record`) or `error` (with the traceback). A SetupError
         found while building is raised, not returned: it is the caller's input that is wrong.
     """
-    dev = torch.device("cuda:0" if device == "cuda" else "cpu")
+    dev = torch.device(device)  # `cuda`: the current device (a rank under torchrun sets its LOCAL_RANK's)
     held: dict[str, Any] = {"model": None, "optimizer": None}
 
     def live_state() -> StateBytes:
