@@ -39,6 +39,15 @@ def main(path: str, out: str | None) -> int:
             res[method] = estimate(spec, s.replace(rank=None), method)
             t = time.perf_counter() - t0
         a, m = res["analytic"], res["simulate"]
+        if r["status"] != "ok":  # a rank that ran out: the estimate's verdict against the card, not an error
+            total = r["env"]["gpu_total_memory"]
+            need = m.memory["peak_reserved"]
+            lines.append(f"| {spec.name} | --gpus {s.gpus} b{s.batch_size} s{s.seq_len} {s.precision} {s.peft} "
+                         f"| {r['status']} in {r['oom']['phase'] if r.get('oom') else '?'} | - | simulate reserved "
+                         f"{need / GiB:.3f} of the card's {total / GiB:.2f} GiB: verdict "
+                         f"{'right' if need > total else 'WRONG'} | - | - | {t:.1f} |")
+            print(lines[-1], flush=True)
+            continue
         errs["analytic"].append(a.peak / meas - 1)
         errs["simulate"].append(m.peak / meas - 1)
         errs["reserved"].append(m.memory["peak_reserved"] / r["memory"]["peak_reserved"] - 1)

@@ -253,11 +253,14 @@ def sharded() -> str:
         text = open(path).read()
         return {m.group(1): (int(m.group(2)), m.group(3), m.group(4))
                 for m in re.finditer(r"^\| ([a-z_ ]+) \| (\d+) \| ([\d.]+%) \| ([\d.]+%) \|$", text, re.M)}
-    held = summary(_lab("data", manifest.sharded_report()["table"]))
+    held = [(name, report, summary(_lab("data", report["table"]))) for name, report in manifest.sharded_reports()]
     now = summary(_data("errors-sharded-now.md"))
-    lines = ["| figure | ranks | held out: median / worst | today (in-sample): median / worst |", "|---|---:|---|---|"]
-    for key, (n, median, worst) in held.items():
-        lines.append(f"| {key} | {n} | {median} / {worst} | {now[key][1]} / {now[key][2]} |")
+    head = " | ".join(f"{name} ({next(iter(t.values()))[0]} ranks, at {r['at']}): median / worst" for name, r, t in held)
+    lines = [f"| figure | {head} | {held[0][0]}'s ranks today (in-sample): median / worst |",
+             "|---|" + "---|" * (len(held) + 1)]
+    for key in held[0][2]:
+        cells = " | ".join(f"{t[key][1]} / {t[key][2]}" if key in t else "-" for _, _, t in held)
+        lines.append(f"| {key} | {cells} | {now[key][1]} / {now[key][2]} |")
     return "\n".join(lines)
 
 

@@ -8,7 +8,8 @@ One entry per measurement file of docs/lab/data:
   validation set; `reported`: each table of its errors kept as reported, `{at: commit, date, table[, rows]}`;
 - `time`: `fit` (the step-time constants are fitted on its rows), `held-out` (never fitted on) or `sharded`
   (one rank of an N-GPU run: not timed by the model); `time_reported`: its step-time table as reported;
-- `sharded`: `held-out` for the FSDP2 ranks measured through the fake process group.
+- `sharded`: `held-out N` for the FSDP2 ranks measured through the fake process group;
+- `liger`: `held-out` for runs with Liger's kernels (`--kernels liger`).
 
 A new measurement file is added here with the commit its estimator was at when it was reported; the docs
 generator (`docs`), the step-time fit (`timing`), `benchmarks/docs_estimates.py` and the tests read this list,
@@ -70,6 +71,6 @@ def fit_files() -> list[str]:
     return [e["file"] for e in sets() if e.get("time") == "fit"]
 
 
-def sharded_report() -> dict[str, Any]:
-    """The held-out FSDP2 ranks' error table as reported."""
-    return next(e["reported"][0] for e in sets() if e.get("sharded") == "held-out")
+def sharded_reports() -> list[tuple[str, dict[str, Any]]]:
+    """Each held-out set of FSDP2 ranks (`held-out N`) with its error table as reported, in the order measured."""
+    return [(e["sharded"], e["reported"][0]) for e in sets() if e.get("sharded", "").startswith("held-out")]

@@ -19,7 +19,7 @@ def test_the_manifest_names_committed_files_once():
     assert len(files) == len(set(files))
     assert all(Path(manifest.path(f)).is_file() for f in files)
     tables = [r["table"] for _, r in manifest.reports() + manifest.time_reports()] + \
-             [manifest.sharded_report()["table"]]
+             [r["table"] for _, r in manifest.sharded_reports()]
     assert all(Path(manifest.path(t)).is_file() for t in tables)
     assert all(e["gpu"] in ("H200", "H100") and e.get("time") in ("fit", "held-out", "sharded")
                for e in manifest.sets())
