@@ -64,7 +64,7 @@ def environment(device: str, reader: Any = None) -> dict[str, Any]:
     env.update(stamp())
     env["device"] = device
     if device == "cuda":
-        props = torch.cuda.get_device_properties()  # the current device
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
         env.update(gpu=props.name, gpu_total_memory=props.total_memory, cuda=torch.version.cuda,
                    cuda_context=getattr(reader, "context", None))
     else:
@@ -179,7 +179,8 @@ def measure(spec: ModelSpec, setup: TrainSetup, device: str, precision: str, bat
         The row: status `ok`, `oom` (with `oom_record`) or `error` (with the traceback). A SetupError
         found while building is raised, not returned: it is the caller's input that is wrong.
     """
-    dev = torch.device(device)  # `cuda`: the current device (a rank under torchrun sets its LOCAL_RANK's)
+    # `cuda`: the current device, with its index (a rank under torchrun sets its LOCAL_RANK's)
+    dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
     held: dict[str, Any] = {"model": None, "optimizer": None}
 
     def live_state() -> StateBytes:
