@@ -697,6 +697,8 @@ def training_arguments_values(args: Any, model: Any = None) -> dict[str, Any]:
         lr=float(args.learning_rate),
         seed=int(args.seed),
     )
+    if getattr(args, "use_liger_kernel", False):
+        values["kernels"] = "liger"
     if int(getattr(args, "max_steps", -1) or -1) > 0:
         values["steps"] = int(args.max_steps)
     if model is not None:

@@ -17,6 +17,7 @@ from typing import Any, Callable
 from trainmem.errors import SetupError
 
 from .setup import TrainSetup, training_arguments_values
+from .sft import SFT_DEFAULTS, SFT_KINDS, SFT_OVERRIDES, sft_problems, sft_values
 from .presets import HUB_IDS, PRESETS
 from .specs import ModelSpec
 
@@ -141,38 +142,56 @@ def _shown(value: Any) -> str:
 
 TRAINING_ARGUMENTS = {"per_device_train_batch_size": "int", "gradient_accumulation_steps": "int",
                       "gradient_checkpointing": "bool", "bf16": "bool", "fp16": "bool", "optim": "text",
-                      "learning_rate": "float", "seed": "int", "max_steps": "int"}
-"""The TrainingArguments fields a setup is read from, and their kinds."""
+                      "learning_rate": "float", "seed": "int", "max_steps": "int", **SFT_KINDS}
+"""The TrainingArguments and SFTConfig fields a setup is read from, and their kinds."""
 
 
 def read_training_arguments(path: str) -> dict[str, Any]:
-    """TrainSetup fields from a JSON file of TrainingArguments fields; missing ones take Trainer's defaults.
+    """TrainSetup fields from a file of TrainingArguments fields, or of TRL SFTConfig fields (any field SFTConfig
+    adds makes it one: `trainmem.config.sft`); missing ones take Trainer's (or SFTConfig's) defaults.
 
-    The values are read into a plain namespace rather than a `TrainingArguments`, whose checks would
-    fail for settings this machine cannot run (bf16 without a GPU) although they can be estimated.
+    JSON (`args.to_json_string()`) or, for a .yaml/.yml file, YAML as a recipe holds it. The values are read
+    into a plain namespace rather than a `TrainingArguments`, whose checks would fail for settings this machine
+    cannot run (bf16 without a GPU) although they can be estimated, and TRL need not be installed.
     Raises SetupError naming every bad field, OSError/ValueError for a file that cannot be read.
     """
     import json
     from types import SimpleNamespace
 
+    import yaml
     from transformers import TrainingArguments
 
     with open(path, encoding="utf-8") as f:
-        loaded = json.load(f)
+        try:
+            loaded = yaml.safe_load(f) if Path(path).suffix.lower() in (".yaml", ".yml") else json.load(f)
+        except yaml.YAMLError as e:
+            raise ValueError(f"not YAML: {e}") from None
     if not isinstance(loaded, dict):
         raise ValueError(f"the top level must be an object of TrainingArguments fields, not {_json_kind(loaded)}")
     defaults = {f.name: f.default for f in fields(TrainingArguments)}
-    unknown = sorted(set(loaded) - set(defaults))
-    problems = [f"--training-args: unknown TrainingArguments field {k!r} in {path}" for k in unknown]
+    sft = any(k in SFT_DEFAULTS for k in loaded)
+    if sft:
+        defaults.update(SFT_DEFAULTS, **SFT_OVERRIDES)
+    unknown = sorted(set(map(str, loaded)) - set(defaults) - set(SFT_DEFAULTS))
+    kind = "TrainingArguments or SFTConfig" if sft else "TrainingArguments"
+    problems = [f"--training-args: unknown {kind} field {k!r} in {path}" for k in unknown]
     for name, kind in TRAINING_ARGUMENTS.items():
-        if name in loaded:
+        if name in loaded and not (name == "max_length" and loaded[name] is None):
             try:
                 loaded[name] = convert(kind, loaded[name])
             except ValueError as e:
                 problems.append(f"--training-args: {name} in {path}: {e}")
     if problems:
         raise SetupError(problems)
-    return training_arguments_values(SimpleNamespace(**{**defaults, **loaded}))
+    args = {**defaults, **loaded}
+    if args["bf16"] is None:  # SFTConfig's default: bf16 unless fp16
+        args["bf16"] = not args["fp16"]
+    if not sft:
+        return training_arguments_values(SimpleNamespace(**args))
+    problems = sft_problems(args, path)
+    if problems:
+        raise SetupError(problems)
+    return {**training_arguments_values(SimpleNamespace(**args)), **sft_values(args)}
 
 
 def _json_kind(value: Any) -> str:
@@ -239,7 +258,8 @@ def load_setup(model: str | None = None, values: dict[str, Any] | None = None, c
         model: a preset, config.json, folder or hub id; else `model` from `config`; else `default()`.
         values: field -> value (text or typed), over the files: the flags given, a sweep point's values.
         config: a YAML file of setup fields (and `model`), over `training_args`.
-        training_args: a JSON file of TrainingArguments fields (`args.to_json_string()`).
+        training_args: a JSON file of TrainingArguments fields (`args.to_json_string()`), or a JSON or YAML
+            file of TRL SFTConfig fields (`read_training_arguments`).
         problems: problems already found by the caller (its own options), reported with these.
         default: the model when none is given (`default_model`); None makes a missing model a problem.
         peft_searched: the caller searches over `peft` (`plan --allow peft`), so a LoRA value given with
@@ -250,10 +270,12 @@ def load_setup(model: str | None = None, values: dict[str, Any] | None = None, c
         if path is not None and not str(path).strip():
             problems.append(f"{flag}: an empty file name; pass a file or leave the flag out")
     merged: dict[str, Any] = {}
+    packed = False
     where: dict[str, str] = {}  # field -> how a problem names it where it is not its flag
     if training_args:
         try:
             merged.update(read_training_arguments(training_args))
+            packed = merged.get("data_mode") == "pack"  # SFTConfig's packing
         except SetupError as e:
             problems += e.problems
         except (OSError, ValueError) as e:
@@ -261,6 +283,9 @@ def load_setup(model: str | None = None, values: dict[str, Any] | None = None, c
     if config:
         merged.update(_read_yaml(config, problems, where))
     given = {k: v for k, v in (values or {}).items() if v is not None}
+    mode_set = "data_mode" in given or "data_mode" in where  # by a flag or the YAML file, over SFTConfig's packing
+    if packed and not mode_set and given.get("data", merged.get("data")) is None:
+        del merged["data_mode"]  # dummy rows are full rows of max_length tokens, as packed rows are
     merged.update(given)
     for name in given:
         where.pop(name, None)
