@@ -2,7 +2,8 @@
 
 Values are read as text and converted by `trainmem.config.sources.load_setup`, so that every bad flag is
 reported at once instead of argparse stopping at the first one. Precedence: TrainSetup defaults, then
-`--training-args FILE.json` (a transformers TrainingArguments as `args.to_json_string()` writes it),
+`--training-args FILE` (a transformers TrainingArguments as `args.to_json_string()` writes it, or a TRL SFTConfig's
+fields as JSON or YAML),
 then `--config FILE.yaml`, then flags given on the command line.
 """
 
@@ -72,8 +73,8 @@ SETUP_FLAGS: dict[str, tuple[str, str]] = {
     "--rank": ("rank", "R|all: measure rank R (or each in turn) of the --gpus N --shard fsdp run in one "
                "process through PyTorch's fake process group (default on CUDA: rank 0)"),
     "--offload": ("offload", "none|optimizer|params: ZeRO/FSDP offload to CPU memory (estimate)"),
-    "--engine": ("engine", f"{'|'.join(ENGINES)}: trainmem's loop or transformers.Trainer with "
-                 "MemoryCallback (default loop; run only)"),
+    "--engine": ("engine", f"{'|'.join(ENGINES)}: trainmem's loop, transformers.Trainer or TRL's SFTTrainer "
+                 "with MemoryCallback (default loop; run only)"),
 }
 ALIASES = {"--grad-accum": ["--gradient-accumulation-steps"], "--checkpointing": ["--gradient-checkpointing"]}
 FIELDS = [name for name, _ in SETUP_FLAGS.values()]
@@ -127,9 +128,10 @@ def add_setup_arguments(p: argparse.ArgumentParser, model_required: bool = False
                    help=f"preset ({', '.join(PRESETS)}), config.json, local model folder, or hub id org/name[@rev] "
                         f"(its config.json is fetched, never weights; {default})")
     p.add_argument("--config", default=None, metavar="FILE.yaml", help="setup fields from a YAML file")
-    p.add_argument("--training-args", default=None, metavar="FILE.json",
-                   help="TrainingArguments fields as JSON (args.to_json_string()): batch, accumulation, "
-                        "checkpointing, bf16/fp16, optim, learning rate, seed, max_steps")
+    p.add_argument("--training-args", default=None, metavar="FILE",
+                   help="TrainingArguments fields as JSON (args.to_json_string()), or TRL SFTConfig fields as JSON "
+                        "or YAML: batch, accumulation, checkpointing, bf16/fp16, optim, learning rate, seed, "
+                        "max_steps, use_liger_kernel; SFTConfig's max_length and packing")
     for flag, (name, help_) in SETUP_FLAGS.items():
         p.add_argument(flag, *ALIASES.get(flag, []), default=None, metavar="X",
                        help=argparse.SUPPRESS if name in unused else help_)

@@ -30,7 +30,7 @@ ATTENTIONS = ("auto", "sdpa", "eager")
 LABELS = ("random", "copy")
 DATA_MODES = ("pad", "pack")
 DEVICES = ("auto", "cuda", "cpu")
-ENGINES = ("loop", "trainer")
+ENGINES = ("loop", "trainer", "sft")
 KERNELS = ("none", "liger")
 ESTIMATORS = ("auto", "analytic", "simulate")
 """How `trainmem.estimate` predicts (defined here, torch-free, so that the CLI's help needs no estimator)."""
@@ -111,7 +111,8 @@ class TrainSetup:
     seed: int = 0
     """Seed of the random weights (presets and configs have none) and of the dummy data."""
     engine: str = "loop"
-    """Who trains: `loop` (trainmem's own loop) or `trainer` (transformers.Trainer + MemoryCallback)."""
+    """Who trains: `loop` (trainmem's own loop), `trainer` (transformers.Trainer + MemoryCallback) or `sft` (TRL's
+    SFTTrainer + MemoryCallback, whose fused LM head never builds the full logits)."""
     gpus: int = 1
     """Data-parallel GPUs: estimated; run as CPU processes over gloo, or one rank through the fake group (`rank`)."""
     shard: str = "none"
@@ -213,10 +214,11 @@ class TrainSetup:
         """The setup a transformers `TrainingArguments` (and, if given, its model) describes."""
         return from_training_arguments(args, model, **overrides)
 
-    def to_training_arguments(self, output_dir: str, **more: Any) -> Any:
+    def to_training_arguments(self, output_dir: str, kind: Any = None, **more: Any) -> Any:
         """A `TrainingArguments` with this setup's batch, accumulation, checkpointing, autocast, optimizer,
         lr, seed and steps; `more` sets any other field. Pure fp16/bf16/fp32 are the model's dtype, not
-        an argument: build the model in that dtype (trainmem.measure.build.build_model does)."""
+        an argument: build the model in that dtype (trainmem.measure.build.build_model does). `kind`: a
+        subclass to build instead (TRL's `SFTConfig`), whose own fields go in `more`."""
         from transformers import TrainingArguments
 
         fields_ = dict(output_dir=output_dir, per_device_train_batch_size=self.batch_size,
@@ -227,7 +229,7 @@ class TrainSetup:
                        seed=self.seed, max_steps=self.steps, use_cpu=self.device == "cpu",
                        use_liger_kernel=self.kernels == "liger")
         fields_.update(more)
-        return TrainingArguments(**fields_)
+        return (kind or TrainingArguments)(**fields_)
 
     def dummy_samples(self) -> int:
         """How many dummy samples a run makes: `num_samples`, but never fewer than one full micro-batch.

@@ -65,13 +65,15 @@ class MemoryCallback(TrainerCallback):
     errors (estimate / measured - 1) in `relative_error`; note the estimate is for a CUDA GPU.
     `cap` limits memory to that many bytes (the allocator's fraction on CUDA, the ledger on the CPU),
     so that a smaller card's OOM happens here; call `failed` with what `trainer.train()` raised.
+    `engine` names who trains in the result's setup (`trainer`, or `sft` for TRL's SFTTrainer).
     Pass the callback with `attach(trainer)` rather than `callbacks=[...]` when TensorBoard or W&B
     should get the figures: Trainer calls reporters' `on_log` before user callbacks'.
     """
 
     def __init__(self, out: str | None = None, compare_estimate: bool = False, probe_steps: int = 2,
-                 spec: ModelSpec | None = None, method: str = "auto", cap: int | None = None):
-        self.out, self.compare_estimate, self.probe_steps = out, compare_estimate, probe_steps
+                 spec: ModelSpec | None = None, method: str = "auto", cap: int | None = None,
+                 engine: str = "trainer"):
+        self.out, self.compare_estimate, self.probe_steps, self.engine = out, compare_estimate, probe_steps, engine
         self.spec, self.method, self.cap = spec, method, cap
         self.result: Result | None = None
         self.estimate: Result | None = None
@@ -213,7 +215,7 @@ class MemoryCallback(TrainerCallback):
         from trainmem.measure.build import trainable_parameters
 
         dataset = getattr(loader, "dataset", None)
-        more: dict[str, Any] = {"device": self.device.type, "steps": int(state.max_steps), "engine": "trainer"}
+        more: dict[str, Any] = {"device": self.device.type, "steps": int(state.max_steps), "engine": self.engine}
         if self.seq_len:
             more["seq_len"] = self.seq_len
         if dataset is not None and hasattr(dataset, "__len__"):

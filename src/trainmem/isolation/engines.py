@@ -1,5 +1,5 @@
-"""Which engine runs an experiment in this process: trainmem's loop, `transformers.Trainer`, CPU ranks
-over gloo, or one FSDP2 rank through the fake process group.
+"""Which engine runs an experiment in this process: trainmem's loop, `transformers.Trainer`, TRL's `SFTTrainer`,
+CPU ranks over gloo, or one FSDP2 rank through the fake process group.
 
 Every engine measures with the stages of `trainmem.measure.stages`; this module only chooses between them, so it
 sits above all of them and none imports it back. `runner.run` calls `execute` in a fresh process (the
@@ -71,6 +71,10 @@ def execute_validated(spec: ModelSpec, setup: TrainSetup) -> Result:
         from trainmem.integrations.trainer import train_with_trainer
 
         return train_with_trainer(spec, setup, device, precision)
+    if setup.engine == "sft":
+        from trainmem.integrations.sft import train_with_sft
+
+        return train_with_sft(spec, setup, device, precision)
     result = _loop(spec, setup, device, precision)
     gc.collect()
     if device == "cuda":

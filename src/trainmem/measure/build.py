@@ -68,8 +68,8 @@ def environment_problems(setup: TrainSetup, device: str, precision: str, launche
                        f"or {predict}")
         if setup.offload != "none":
             out.append(f"--offload {setup.offload}: measured offload runs are not built yet; {predict}")
-        if setup.engine == "trainer":
-            out.append("--engine trainer: multi-process runs use the built-in loop; use --engine loop")
+        if setup.engine in ("trainer", "sft"):
+            out.append(f"--engine {setup.engine}: multi-process runs use the built-in loop; use --engine loop")
     row = OPTIMIZERS.get(setup.optimizer)
     needs_bnb = setup.peft == "qlora" or (row is not None and row.eight_bit)
     if device == "cuda" and not torch.cuda.is_available():
@@ -84,6 +84,9 @@ def environment_problems(setup: TrainSetup, device: str, precision: str, launche
     elif setup.kernels == "liger" and not has_liger():
         out.append("--kernels liger: needs liger-kernel, which is not installed (pip install liger-kernel on a "
                    "CUDA machine)")
+    if setup.engine == "sft" and importlib.util.find_spec("trl") is None:
+        out.append("--engine sft: needs TRL, which is not installed (pip install 'trainmem[trl]'); or use "
+                   "--engine trainer")
     if setup.mamba_path == "kernels" and not has_mamba_kernels():
         out.append("--mamba-path kernels: cannot run here, as mamba-ssm and causal-conv1d are not installed (pip "
                    "install mamba-ssm causal-conv1d on a CUDA machine); `trainmem estimate` prices it, or use "
