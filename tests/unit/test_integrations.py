@@ -116,7 +116,7 @@ def test_engine_trainer_matches_engine_loop():
 
 
 def test_engine_is_validated():
-    assert TrainSetup(engine="accelerate").problems() == ["--engine: 'accelerate' is not one of loop, trainer"]
+    assert TrainSetup(engine="accelerate").problems() == ["--engine: 'accelerate' is not one of loop, trainer, sft"]
 
 
 def test_training_arguments_round_trip(tmp_path):
