@@ -4,7 +4,7 @@
 
 Each setup (an index into validate.SETUPS, hN for validate.HELD_OUT[N], gN for validate.HELD_OUT_2[N],
 kN for validate.HELD_OUT_4[N], sN for validate.HELD_OUT_6[N], tN for validate.HELD_OUT_7[N], uN for
-validate.HELD_OUT_8[N], wN for validate.HELD_OUT_12[N], xN for validate.HELD_OUT_14[N], yN for validate.HELD_OUT_15[N], eN for validate.MOE_EXPLORE[N], fN for validate.SHARDED[N] (an FSDP2 rank), l0/l1 for llama-3.2-1b LoRA b4 with/without `--kernels liger`,
+validate.HELD_OUT_8[N], wN for validate.HELD_OUT_12[N], xN for validate.HELD_OUT_14[N], yN for validate.HELD_OUT_15[N], eN for validate.MOE_EXPLORE[N], fN for validate.SHARDED[N] (an FSDP2 rank), rN for sharded_ranks_gpu.RANKS[N] (a meta-built FSDP2 rank), l0/l1 for llama-3.2-1b LoRA b4 with/without `--kernels liger`,
 cN for the chapter's run N
 on a T4; under its `gpu` emulation where it names one) runs as in validate.py (STEPS=6 for the six steps of the
 held-out sets from held-out 4 on; default 3), under `torch.cuda.memory._record_memory_history`; the trace
@@ -39,6 +39,8 @@ from validate import (
     SHARDED,
 )
 
+import sharded_ranks_gpu
+
 from trainmem.config.chapter import RUNS
 
 DEFAULT = [0, 1, 3, 6, 7, 14, 22, 26, 35]
@@ -47,6 +49,7 @@ CHAPTER_T4 = [("neox", {**run.setup.to_dict(), "gpu": "T4"}) for run in RUNS]
 SETS = {"h": HELD_OUT, "g": HELD_OUT_2, "k": HELD_OUT_4, "s": HELD_OUT_6, "t": HELD_OUT_7, "u": HELD_OUT_8,
         "w": HELD_OUT_12, "x": HELD_OUT_14, "y": HELD_OUT_15, "e": MOE_EXPLORE, "c": CHAPTER_T4,
         "f": [(a, dict(kw, shard="fsdp", device="cuda")) for a, kw in SHARDED],
+        "r": [(a, dict(kw, shard="fsdp", device="cuda")) for a, kw in sharded_ranks_gpu.RANKS],
         "l": [("llama", dict(peft="lora", precision="bf16", batch_size=4, seq_len=1024, kernels=k))
               for k in ("liger", "none")]}
 """The sets a trace's index names by its letter (a bare number: `validate.SETUPS`)."""
