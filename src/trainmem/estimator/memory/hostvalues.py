@@ -37,6 +37,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
+from .metakernels import MetaKernels
+
 LIMIT = 1 << 20
 """Largest tensor (elements) given a twin: a batch of 128 x 8192 token ids and what is made from it (1M int64
 elements, 8 MB on the CPU); a (batch, 1, s, s) mask beyond it gets none (no read of one has been seen)."""
@@ -62,6 +64,8 @@ class HostValues(TorchDispatchMode):
         """Meta tensors whose twin follows from the balanced-routing assumption (`_route`)."""
         self.balanced = False
         """Whether a host read answered from the balanced-routing assumption."""
+        self.kernels = MetaKernels()
+        """The meta kernels of the operators no twin follows, each distinct call run once (`metakernels`)."""
 
     def give(self, meta: torch.Tensor, values: torch.Tensor) -> None:
         """`values` (on the CPU) are what `meta` holds (the dummy batch)."""
@@ -118,13 +122,17 @@ class HostValues(TorchDispatchMode):
                 raise UnknownValue(f"the model's forward reads a value that depends on its data ({what} of a "
                                    f"{tuple(metas[0].shape)} tensor), which the meta device cannot know")
             return self._read(func, args, kwargs, metas)
-        out = func(*args, **kwargs)
         if not known:  # most operators of a step: they read weights or activations
             if func is aten.topk.default:
+                out = func(*args, **kwargs)
                 self._route(args, kwargs, out)
             elif any(t in self.twins for t in metas):  # a twinned tensor written from unknown values: stale
+                out = func(*args, **kwargs)
                 self._forget(func, args, out)
+            else:  # no value to follow: only the outputs' shapes matter, which the cache knows
+                out = self.kernels(func, args, kwargs)
             return out
+        out = func(*args, **kwargs)
         made = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.device.type == "meta"]
         values = None
         if made and all(t.numel() <= LIMIT for t in made):
