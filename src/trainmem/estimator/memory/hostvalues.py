@@ -33,9 +33,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
+
+from .metakernels import MetaKernels
 
 LIMIT = 1 << 20
 """Largest tensor (elements) given a twin: a batch of 128 x 8192 token ids and what is made from it (1M int64
@@ -62,6 +65,8 @@ class HostValues(TorchDispatchMode):
         """Meta tensors whose twin follows from the balanced-routing assumption (`_route`)."""
         self.balanced = False
         """Whether a host read answered from the balanced-routing assumption."""
+        self.kernels = MetaKernels()
+        """The meta kernels of the operators no twin follows, each distinct call run once (`metakernels`)."""
 
     def give(self, meta: torch.Tensor, values: torch.Tensor) -> None:
         """`values` (on the CPU) are what `meta` holds (the dummy batch)."""
@@ -118,14 +123,18 @@ class HostValues(TorchDispatchMode):
                 raise UnknownValue(f"the model's forward reads a value that depends on its data ({what} of a "
                                    f"{tuple(metas[0].shape)} tensor), which the meta device cannot know")
             return self._read(func, args, kwargs, metas)
-        out = func(*args, **kwargs)
         if not known:  # most operators of a step: they read weights or activations
             if func is aten.topk.default:
+                out = func(*args, **kwargs)
                 self._route(args, kwargs, out)
             elif any(t in self.twins for t in metas):  # a twinned tensor written from unknown values: stale
+                out = func(*args, **kwargs)
                 self._forget(func, args, out)
+            else:  # no value to follow: only the outputs' shapes matter, which the cache knows
+                out = self.kernels(func, args, kwargs)
             return out
-        made = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.device.type == "meta"]
+        out = func(*args, **kwargs)
+        made = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and _is_meta(t)]
         values = None
         if made and all(t.numel() <= LIMIT for t in made):
             try:
@@ -159,11 +168,17 @@ def _metas(args: tuple, kwargs: dict) -> list[torch.Tensor]:
     out = []
     for a in (*args, *kwargs.values()):
         if isinstance(a, torch.Tensor):
-            if a.is_meta:
+            if _is_meta(a):
                 out.append(a)
         elif isinstance(a, (list, tuple)):
-            out.extend(t for t in a if isinstance(t, torch.Tensor) and t.is_meta)
+            out.extend(t for t in a if isinstance(t, torch.Tensor) and _is_meta(t))
     return out
+
+
+def _is_meta(t: torch.Tensor) -> bool:
+    """`t.is_meta`, read from a fake tensor's own field: asked of a FakeTensor (a sharded simulation's every
+    tensor), `is_meta` and `device` are operators dispatched to its mode, a few microseconds each."""
+    return t.fake_device.type == "meta" if type(t) is FakeTensor else t.is_meta
 
 
 ROUTING_BALANCED = ("routing: tokens spread evenly over the experts (balanced), an assumption: the model copies "
