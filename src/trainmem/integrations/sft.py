@@ -15,7 +15,7 @@ from typing import Any
 
 from trainmem.config.setup import TrainSetup
 from trainmem.config.specs import ModelSpec
-from trainmem.integrations.trainer import MemoryCallback
+from trainmem.integrations.trainer import MemoryCallback, train_measured
 from trainmem.result import Result
 
 FUSED_HEAD_NOTE = ("--engine sft: TRL's SFTTrainer computes the loss through its fused LM head, which never holds "
@@ -63,18 +63,12 @@ def train_with_sft(spec: ModelSpec, setup: TrainSetup, device: str, precision: s
             max_length=setup.seq_len, packing=False, dataset_kwargs={"skip_prepare_dataset": True})
         trainer = SFTTrainer(model=model, args=args, train_dataset=rows,
                              processing_class=_tokenizer(spec, setup, pad_id))
-        callback.attach(trainer)
-        try:
-            trainer.train()
-        except Exception as e:  # an OOM or another failure is a result, as with the loop
-            callback.failed(e, args, trainer.state, model)
-    assert callback.result is not None
-    callback.result.setup = setup.replace(device=device, precision=precision).to_dict()
+        result = train_measured(trainer, callback, setup.replace(device=device, precision=precision))
     what = "Liger's fused linear cross-entropy" if setup.kernels == "liger" else "transformers' full logits"
-    callback.result.notes.append(FUSED_HEAD_NOTE.format(what=what))
+    result.notes.append(FUSED_HEAD_NOTE.format(what=what))
     if setup.lr_note():
-        callback.result.notes.append(setup.lr_note())
-    return callback.result
+        result.notes.append(setup.lr_note())
+    return result
 
 
 __all__ = ["train_with_sft", "FUSED_HEAD_NOTE"]

@@ -274,13 +274,20 @@ def train_with_trainer(spec: ModelSpec, setup: TrainSetup, device: str, precisio
             tmp, report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True)
         trainer = Trainer(model=model, args=args, train_dataset=_Samples(samples),
                           data_collator=lambda batch: collate(batch, pad_id))
-        callback.attach(trainer)
-        try:
-            trainer.train()
-        except Exception as e:  # an OOM or another failure is a result, as with the loop
-            callback.failed(e, args, trainer.state, model)
-    assert callback.result is not None
-    callback.result.setup = setup.replace(device=device, precision=precision).to_dict()
+        result = train_measured(trainer, callback, setup.replace(device=device, precision=precision))
     if setup.lr_note():
-        callback.result.notes.append(setup.lr_note())
+        result.notes.append(setup.lr_note())
+    return result
+
+
+def train_measured(trainer: Any, callback: MemoryCallback, setup: TrainSetup) -> Result:
+    """Train `trainer` (a Trainer or a subclass: TRL's SFTTrainer) under `callback`; an OOM or another failure is
+    a result, as with the loop. `setup`: as resolved (device, precision), recorded in the row."""
+    callback.attach(trainer)
+    try:
+        trainer.train()
+    except Exception as e:
+        callback.failed(e, trainer.args, trainer.state, trainer.model)
+    assert callback.result is not None
+    callback.result.setup = setup.to_dict()
     return callback.result
