@@ -139,23 +139,25 @@ def test_qlora_on_the_hybrids_estimates_and_mamba_is_refused(tmp_path):
         simulate_step(model_builder(mamba, setup.resolved(mamba), "bf16", CATALOG["H200"]), setup.resolved(mamba))
 
 
-def test_qlora_is_refused_on_gemma3n_whose_altup_clamps_a_4bit_weight(tmp_path):
-    """Gemma-3n's AltUp clamps its `prediction_coefs` Linear's weight in place in training, which is packed uint8
-    under 4 bits (a GPU run fails too): one line naming --peft qlora refuses it, and the simulation without that
-    refusal still fails, so the refusal is not stale."""
+@pytest.mark.parametrize("module_class, model_type, weight", [
+    ("Gemma3nTextAltUp", "gemma3n_text", "prediction_coefs"), ("LongcatFlashTopkRouter", "longcat_flash", "classifier")])
+def test_qlora_is_refused_where_a_module_reads_a_4bit_weight(tmp_path, module_class, model_type, weight):
+    """Gemma-3n's AltUp clamps its `prediction_coefs` weight in place in training and LongCat-Flash's router
+    multiplies by its `classifier` weight, both packed uint8 under 4 bits (a GPU run fails too): one line naming
+    --peft qlora refuses each, and the simulation without that refusal still fails, so the refusal is not stale."""
     from lab import registry
     from trainmem.config.specs import QLORA_REFUSED
     from trainmem.estimator.memory.simulate import model_builder, simulate_step
 
     setup = TrainSetup(batch_size=1, seq_len=16, precision="bf16", peft="qlora", lora_r=4)
-    registry.tiny_config("gemma3n_text").save_pretrained(tmp_path)
+    registry.tiny_config(model_type).save_pretrained(tmp_path)
     spec = ModelSpec.resolve(str(tmp_path / "config.json"))
     with pytest.raises(SetupError) as e:
         estimate(spec, setup, "simulate")
     [line] = e.value.problems
-    assert line.startswith("--peft qlora: ") and line.endswith("use --peft lora") and "prediction_coefs" in line
-    assert spec.qlora_refusal == QLORA_REFUSED["Gemma3nTextAltUp"]
-    with pytest.raises(RuntimeError, match="uint8"):
+    assert line.startswith("--peft qlora: ") and line.endswith("use --peft lora") and weight in line
+    assert spec.qlora_refusal == QLORA_REFUSED[module_class]
+    with pytest.raises(RuntimeError, match="uint8|reduction dim"):
         simulate_step(model_builder(spec, setup.resolved(spec), "bf16", CATALOG["H200"]), setup.resolved(spec))
 
 
