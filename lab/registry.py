@@ -482,14 +482,14 @@ def variant(spec: Any, setup: Any, name: str) -> Any:
 
 
 def variant_status(spec: Any, setup: Any, name: str) -> str:
-    """One row's cell for `VARIANTS[name]`: `ok` (simulated), `refused: <the one problem line>`, `fallback to
-    analytic: <its note>`, or the failure in one line (`one_line`; a SetupError of several problems too)."""
+    """One row's cell for `VARIANTS[name]`: `ok` (simulated), `refused: <its problem lines, joined by ; >`,
+    `fallback to analytic: <its note>`, or the failure in one line (`one_line`)."""
     from trainmem.errors import SetupError
 
     try:
         b = variant(spec, setup, name)
     except SetupError as e:
-        return f"refused: {e.problems[0]}" if len(e.problems) == 1 else one_line(e)
+        return "refused: " + "; ".join(e.problems)
     except Exception as e:  # every failure is a finding, recorded in one line
         return one_line(e)
     if b.method != "simulate":
