@@ -4,9 +4,12 @@ its closed form has no terms for the layers), `run --device cpu` works, and the 
 the estimated ones to the byte (issue 33). One test per model type (`lab/registry.py`: its tiny
 config, built from the config class), so a failure names the type.
 
+`test_adapter_variant` estimates every type under `registry.VARIANTS` (LoRA on every Linear, QLoRA), one test
+per type and variant: each simulates, or is refused at the door in one line per problem naming its flag.
+
 `BROKEN` lists the types that fail today, each with its root causes (`CAUSES`): they are strict xfails, so
 the test is green now and turns red when a fix makes one pass; then take the type (or the cause) out of
-`BROKEN`. `NOT_TRAINABLE` lists the types plain transformers itself does not train as built here: skipped.
+`BROKEN`; `VARIANT_BROKEN` does the same for a type under one variant. `NOT_TRAINABLE` lists the types plain transformers itself does not train as built here: skipped.
 `benchmarks/registry.py` writes the same findings, one row per type, to docs/models.md.
 """
 
@@ -27,12 +30,15 @@ CAUSES = {
     "HOST_READ_WEIGHTS": "simulate: BLT's patcher reads entropies of its own logits on the host to cut patches: "
                          "data- and weight-dependent shapes",
     "LINEAR_SUBCLASS": "peft adapts an nn.Linear subclass whose forward is not a Linear's as a plain Linear, and its "
-                       "LoRA layer fails (a real run too): Llama-4's router returns a tuple, DeepSeek-V4's grouped "
-                       "output projection (o_a_proj) is a batched product over head groups",
+                       "LoRA layer fails (a real run too): Llama-4's and Phi-MoE's routers return a tuple, "
+                       "DeepSeek-V4's grouped output projection (o_a_proj) is a batched product over head groups",
+    "REVERSIBLE": "Reformer's reversible layers are one autograd Function of the hidden states alone: with the "
+                  "embeddings frozen (LoRA) its output needs no gradient and the loss has no grad_fn (peft's "
+                  "LoRA fails so in a real run too, the default targets included)",
     "HALF_A_FUSED_PAIR": "peft's default targets for afmoe name gate_proj and not up_proj, which transformers 5 fuses "
                          "into the experts' gate_up_proj: peft's conversion refuses one half of the pair",
 }
-MULTIMODAL, HOST_READ_WEIGHTS, LINEAR_SUBCLASS, HALF_A_FUSED_PAIR = CAUSES
+MULTIMODAL, HOST_READ_WEIGHTS, LINEAR_SUBCLASS, REVERSIBLE, HALF_A_FUSED_PAIR = CAUSES
 
 
 def _installed() -> str:
@@ -71,7 +77,8 @@ BROKEN: dict[str, tuple[str, ...]] = {
 
 
 VARIANT_BROKEN: dict[tuple[str, str], tuple[str, ...]] = {
-    **{(t, "lora_all_linear"): (LINEAR_SUBCLASS,) for t in ("deepseek_v4", "llama4", "llama4_text")},
+    **{(t, "lora_all_linear"): (LINEAR_SUBCLASS,) for t in ("deepseek_v4", "llama4", "llama4_text", "phimoe")},
+    **{("reformer", v): (REVERSIBLE,) for v in ("lora_all_linear", "qlora")},
     ("deepseek_v4", "qlora"): (LINEAR_SUBCLASS,),
     ("afmoe", "qlora"): (HALF_A_FUSED_PAIR,),
 }
