@@ -9,7 +9,8 @@ per type and variant: each simulates, or is refused at the door in one line per 
 
 `BROKEN` lists the types that fail today, each with its root causes (`CAUSES`): they are strict xfails, so
 the test is green now and turns red when a fix makes one pass; then take the type (or the cause) out of
-`BROKEN`; `VARIANT_BROKEN` does the same for a type under one variant. `NOT_TRAINABLE` lists the types plain transformers itself does not train as built here: skipped.
+`BROKEN`; `VARIANT_BROKEN` does the same for a type under one variant. `NOT_TRAINABLE` lists the types plain
+transformers itself does not train as built here: skipped.
 `benchmarks/registry.py` writes the same findings, one row per type, to docs/models.md.
 """
 
