@@ -140,7 +140,8 @@ def test_qlora_on_the_hybrids_estimates_and_mamba_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("module_class, model_type, weight", [
-    ("Gemma3nTextAltUp", "gemma3n_text", "prediction_coefs"), ("LongcatFlashTopkRouter", "longcat_flash", "classifier")])
+    ("Gemma3nTextAltUp", "gemma3n_text", "prediction_coefs"),
+    ("LongcatFlashTopkRouter", "longcat_flash", "classifier")])
 def test_qlora_is_refused_where_a_module_reads_a_4bit_weight(tmp_path, module_class, model_type, weight):
     """Gemma-3n's AltUp clamps its `prediction_coefs` weight in place in training and LongCat-Flash's router
     multiplies by its `classifier` weight, both packed uint8 under 4 bits (a GPU run fails too): one line naming
