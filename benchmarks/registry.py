@@ -1,6 +1,7 @@
 """Every causal-LM model type of the installed transformers through trainmem's doors: a tiny config of each,
 trained one step by plain transformers, then `estimate` (simulate, analytic), `run --device cpu` with its
-model states compared to the byte, and a LoRA estimate (`lab.registry.check`).
+model states compared to the byte, a LoRA estimate, and the LoRA all-linear and QLoRA estimates
+(`lab.registry.check`, `lab.registry.VARIANTS`).
 
     nice -n 10 python benchmarks/registry.py          # every type: docs/lab/data/registry-<date>.jsonl, docs/models.md
     python benchmarks/registry.py --types opt llama --no-write        # a few, printed only
@@ -93,9 +94,11 @@ def run_types(types: list[str], timeout: float, jobs: int, out: Path | None) -> 
 
 def _summary(row: dict[str, Any]) -> str:
     def door(v: Any) -> str:
-        return "ok" if v == "ok" else "fallback" if str(v).startswith("fallback") else "FAIL" if v else "-"
+        return ("ok" if v == "ok" else "fallback" if str(v).startswith("fallback")
+                else "refused" if str(v).startswith("refused") else "FAIL" if v else "-")
 
-    doors = [f"{k}={door(row.get(k))}" for k in ("estimate_simulate", "estimate_analytic", "run_cpu", "lora")]
+    doors = [f"{k}={door(row.get(k))}" for k in ("estimate_simulate", "estimate_analytic", "run_cpu", "lora",
+                                                  "lora_all_linear", "qlora")]
     exact = {True: "exact", False: "NOT EXACT", None: ""}[row.get("states_exact")]
     plain = "" if row.get("trains_plain") else f" not trainable: {row.get('plain_error', '')[:120]}"
     return f"{row['type']:26s} {row['seconds']:6.1f}s {' '.join(doors)} {exact}{plain}"
@@ -115,6 +118,14 @@ def _short(text: str, width: int) -> str:
     return re.sub(r"/\S*?/trainmem-registry-[^/]+/", "", str(text).split(" @ ")[0])[:width]
 
 
+def _variant(value: Any) -> str:
+    """A `VARIANTS` cell: ✓ simulated, `refused: <why>` (the door's one-line problems), ✗ failed (the note says
+    why), · not tried."""
+    if isinstance(value, str) and value.startswith("refused: "):
+        return _short(value, 160).replace("|", "\\|")
+    return _ok(value)
+
+
 def _note(row: dict[str, Any]) -> str:
     """The first failure's one-line reason, without its frames, for the table; else an assumption the
     estimate made (its routing note) or a fallback to the other method."""
@@ -126,8 +137,9 @@ def _note(row: dict[str, Any]) -> str:
     if row.get("states_exact") is False:
         return "model states differ: " + json.dumps(row.get("measured_states")) + " measured vs " + \
             json.dumps(row.get("estimated_states"))
-    if row.get("lora") not in ("ok", None):
-        return "lora: " + _short(row["lora"], 150)
+    for k in ("lora", "lora_all_linear", "qlora"):
+        if row.get(k) not in ("ok", None) and not str(row[k]).startswith("refused: "):
+            return f"{k}: " + _short(row[k], 150)
     routing = [n for n in row.get("notes_simulate", []) if n.startswith("routing:")]
     if routing:
         return routing[0].split(";")[0][:150]
@@ -147,6 +159,9 @@ def render(rows: list[dict[str, Any]], header: dict[str, Any]) -> str:
     def fallback(key: str) -> int:
         return sum(1 for r in trainable if str(r.get(key, "")).startswith("fallback"))
 
+    def refused(key: str) -> int:
+        return sum(1 for r in trainable if str(r.get(key, "")).startswith("refused: "))
+
     exact = sum(1 for r in trainable if r.get("states_exact"))
     compared = sum(1 for r in trainable if r.get("states_exact") is not None)
     clean = sum(1 for r in trainable if r.get("states_exact") and r.get("estimate_simulate") == "ok"
@@ -164,7 +179,9 @@ def render(rows: list[dict[str, Any]], header: dict[str, Any]) -> str:
         "1024 tokens, 4 experts top-2), is trained one step by plain transformers on the CPU, then goes "
         "through `trainmem estimate` (simulate, analytic: batch 2 x 32 tokens, fp32), `trainmem run "
         "--device cpu` (2 steps), whose measured weights, gradients and optimizer states must equal the "
-        "estimate's to the byte, and a LoRA estimate with the default targets (peft's, else trainmem's pick). "
+        "estimate's to the byte, and three simulated LoRA estimates (rank 4): the default targets (peft's, else "
+        "trainmem's pick), every Linear (`--lora-targets all-linear`) and QLoRA (`--peft qlora`, the estimate only: "
+        "a 4-bit run needs a GPU), each of the last two estimated or refused at the door with its reason. "
         "✓ works, ✗ fails (the note says why), ↪ answered by the other method (simulate falls back to "
         "analytic where the meta device cannot run the step; analytic to simulate where its closed form has "
         "no terms for the layers). Rows: [docs/lab/data](lab/data); how the failures were found and fixed: "
@@ -179,16 +196,20 @@ def render(rows: list[dict[str, Any]], header: dict[str, Any]) -> str:
         "estimate and the run both worked",
         f"- simulated, run and states exact: {clean}",
         f"- LoRA estimate ok (default targets): {count('lora')}",
+        f"- LoRA all-linear: estimated {count('lora_all_linear')}, refused {refused('lora_all_linear')}; "
+        f"QLoRA: estimated {count('qlora')}, refused {refused('qlora')}",
         "",
-        "| type | family | kind | estimate: simulate | estimate: analytic | run (cpu) | states exact | LoRA | note |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| type | family | kind | estimate: simulate | estimate: analytic | run (cpu) | states exact | LoRA "
+        "| LoRA all-linear | QLoRA | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in trainable:
         exact_mark = "✓" if r.get("states_exact") else "✗" if r.get("states_exact") is False else "·"
         note = _note(r).replace("|", "\\|")
         lines.append(f"| {r['type']} | {r.get('family', '')} | {r.get('kind', '')} | {_ok(r.get('estimate_simulate'))} "
                      f"| {_ok(r.get('estimate_analytic'))} | {_ok(r.get('run_cpu'))} | {exact_mark} "
-                     f"| {_ok(r.get('lora'))} | {note} |")
+                     f"| {_ok(r.get('lora'))} | {_variant(r.get('lora_all_linear'))} | {_variant(r.get('qlora'))} "
+                     f"| {note} |")
     lines += ["", "## Types plain transformers does not train (as built here)", "",
               "| type | family | why |", "|---|---|---|"]
     for r in rows:

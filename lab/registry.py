@@ -50,6 +50,15 @@ LORA_RANK = 4
 """The LoRA door's rank: no more than the narrowest layer a toy model's default targets hold (a layer as wide
 as its 4 heads, such as a sparse-attention indexer's `weights_proj`), which trainmem refuses to exceed."""
 
+VARIANTS: dict[str, dict[str, Any]] = {
+    "lora_all_linear": dict(peft="lora", lora_targets=["all-linear"], lora_r=LORA_RANK),
+    "qlora": dict(peft="qlora", lora_r=LORA_RANK),
+}
+"""The adapter setups every type is estimated under besides the default LoRA door (issue 41): LoRA on every
+Linear layer (`--lora-targets all-linear`) and QLoRA with the default targets, the estimate only (a 4-bit
+run needs bitsandbytes and a GPU). Each either simulates, or is refused at the door in one line naming a flag
+(`variant`)."""
+
 # field name -> SIZES key; a field is shrunk only when its default is larger than the toy size
 _RULES: list[tuple[str, str]] = [
     (r"(hidden_size|n_embd|d_model|dim|embed_dim|emb_dim|embedding_dim|model_dim|hidden_dim|word_embed_proj_dim"
@@ -464,12 +473,37 @@ def spec_of(model_type: str, config: Any) -> Any:
     return ModelSpec(name=model_type, config=spec.config, source="config")
 
 
+def variant(spec: Any, setup: Any, name: str) -> Any:
+    """The simulated estimate of `setup` under the adapter setup `VARIANTS[name]`; raises SetupError where
+    trainmem refuses it at the door."""
+    from trainmem.estimator import estimate
+
+    return estimate(spec, setup.replace(**VARIANTS[name]), "simulate")
+
+
+def variant_status(spec: Any, setup: Any, name: str) -> str:
+    """One row's cell for `VARIANTS[name]`: `ok` (simulated), `refused: <its problem lines, joined by ; >`,
+    `fallback to analytic: <its note>`, or the failure in one line (`one_line`)."""
+    from trainmem.errors import SetupError
+
+    try:
+        b = variant(spec, setup, name)
+    except SetupError as e:
+        return "refused: " + "; ".join(e.problems)
+    except Exception as e:  # every failure is a finding, recorded in one line
+        return one_line(e)
+    if b.method != "simulate":
+        return f"fallback to {b.method}: " + next((n for n in b.notes if "simulate" in n), "")
+    return "ok"
+
+
 def check(model_type: str, methods: tuple[str, ...] = ("simulate", "analytic"), run: bool = True,
-          lora: bool = True) -> dict[str, Any]:
+          lora: bool = True, variants: bool = True) -> dict[str, Any]:
     """One row: the type tried through every door. Each door's failure is caught and recorded in one line
     (`one_line`); a door that works records `ok`, an estimate that answered with the other method records
     `fallback to <method>: <its note>`. `states_exact`: the measured model states (weights, gradients,
-    optimizer after the first step) equal the estimate's to the byte."""
+    optimizer after the first step) equal the estimate's to the byte. `variants`: a cell per `VARIANTS` entry
+    (`variant_status`)."""
     import torch
 
     from trainmem.config.setup import TrainSetup
@@ -536,6 +570,10 @@ def check(model_type: str, methods: tuple[str, ...] = ("simulate", "analytic"), 
         row["lora"] = status
         # the targets adapted: peft's default (None) or trainmem's pick (`config.setup.default_lora_targets`)
         row["lora_targets"] = b.setup.get("lora_targets") if b is not None else None
+    for name in VARIANTS if variants else ():
+        t0 = time.perf_counter()
+        row[name] = variant_status(spec, setup, name)
+        timings[name] = round(time.perf_counter() - t0, 2)
     torch.set_grad_enabled(True)
     return _finish(row, timings, start)
 

@@ -4,15 +4,22 @@ its closed form has no terms for the layers), `run --device cpu` works, and the 
 the estimated ones to the byte (issue 33). One test per model type (`lab/registry.py`: its tiny
 config, built from the config class), so a failure names the type.
 
+`test_adapter_variant` estimates every type under `registry.VARIANTS` (LoRA on every Linear, QLoRA), one test
+per type and variant: each simulates, or is refused at the door in one line per problem naming its flag.
+
 `BROKEN` lists the types that fail today, each with its root causes (`CAUSES`): they are strict xfails, so
 the test is green now and turns red when a fix makes one pass; then take the type (or the cause) out of
-`BROKEN`. `NOT_TRAINABLE` lists the types plain transformers itself does not train as built here: skipped.
+`BROKEN`; `VARIANT_BROKEN` does the same for a type under one variant. `NOT_TRAINABLE` lists the types plain
+transformers itself does not train as built here: skipped.
 `benchmarks/registry.py` writes the same findings, one row per type, to docs/models.md.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,8 +30,16 @@ CAUSES = {
                   "all), which trainmem does not model; the text config alone is the supported way",
     "HOST_READ_WEIGHTS": "simulate: BLT's patcher reads entropies of its own logits on the host to cut patches: "
                          "data- and weight-dependent shapes",
+    "LINEAR_SUBCLASS": "peft adapts an nn.Linear subclass whose forward is not a Linear's as a plain Linear, and its "
+                       "LoRA layer fails (a real run too): Llama-4's and Phi-MoE's routers return a tuple, "
+                       "DeepSeek-V4's grouped output projection (o_a_proj) is a batched product over head groups",
+    "REVERSIBLE": "Reformer's reversible layers are one autograd Function of the hidden states alone: with the "
+                  "embeddings frozen (LoRA) its output needs no gradient and the loss has no grad_fn (peft's "
+                  "LoRA fails so in a real run too, the default targets included)",
+    "HALF_A_FUSED_PAIR": "peft's default targets for afmoe name gate_proj and not up_proj, which transformers 5 fuses "
+                         "into the experts' gate_up_proj: peft's conversion refuses one half of the pair",
 }
-MULTIMODAL, HOST_READ_WEIGHTS = CAUSES
+MULTIMODAL, HOST_READ_WEIGHTS, LINEAR_SUBCLASS, REVERSIBLE, HALF_A_FUSED_PAIR = CAUSES
 
 
 def _installed() -> str:
@@ -62,6 +77,15 @@ BROKEN: dict[str, tuple[str, ...]] = {
 }
 
 
+VARIANT_BROKEN: dict[tuple[str, str], tuple[str, ...]] = {
+    **{(t, "lora_all_linear"): (LINEAR_SUBCLASS,) for t in ("deepseek_v4", "llama4", "llama4_text", "phimoe")},
+    **{("reformer", v): (REVERSIBLE,) for v in ("lora_all_linear", "qlora")},
+    ("deepseek_v4", "qlora"): (LINEAR_SUBCLASS,),
+    ("afmoe", "qlora"): (HALF_A_FUSED_PAIR,),
+}
+"""The (type, `registry.VARIANTS` entry) pairs that fail today beyond the type's own `BROKEN` causes."""
+
+
 def _params() -> list:
     out = []
     for t in registry.model_types():
@@ -85,11 +109,26 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+def _variant_params() -> list:
+    out = []
+    for t in registry.model_types():
+        for v in registry.VARIANTS:
+            marks = []
+            causes = BROKEN.get(t, ()) + VARIANT_BROKEN.get((t, v), ())
+            if t in NOT_TRAINABLE:
+                marks.append(pytest.mark.skip(reason=f"plain transformers does not train it: {NOT_TRAINABLE[t]}"))
+            elif causes:
+                marks.append(pytest.mark.xfail(strict=PINNED, reason="; ".join(CAUSES[c] for c in causes)))
+            out.append(pytest.param(t, v, marks=marks, id=f"{t}-{v}"))
+    return out
+
+
 def test_lists_name_known_types():
     types = set(registry.model_types())
-    assert not PINNED or not (set(NOT_TRAINABLE) | set(BROKEN)) - types  # a newer release may drop a type
-    assert not set(NOT_TRAINABLE) & set(BROKEN)
-    assert all(c in CAUSES for causes in BROKEN.values() for c in causes)
+    assert not PINNED or not (set(NOT_TRAINABLE) | set(BROKEN) | {t for t, _ in VARIANT_BROKEN}) - types
+    assert not set(NOT_TRAINABLE) & (set(BROKEN) | {t for t, _ in VARIANT_BROKEN})
+    assert {v for _, v in VARIANT_BROKEN} <= set(registry.VARIANTS)
+    assert all(c in CAUSES for causes in (*BROKEN.values(), *VARIANT_BROKEN.values()) for c in causes)
 
 
 @pytest.mark.filterwarnings("ignore")  # transformers' and peft's warnings about toy configs
@@ -123,3 +162,43 @@ def test_model_type(model_type):
     assert measured.status == "ok", measured.error
     assert simulated.model_states == measured.model_states
     assert analytic.model_states == measured.model_states
+
+
+@functools.lru_cache(maxsize=1)  # the variants of one type run one after the other: one config and spec for both
+def _spec(model_type: str) -> Any:
+    return registry.spec_of(model_type, registry.tiny_config(model_type))
+
+
+REFUSING_FLAG = re.compile(r"--(peft qlora|lora-targets|lora-r)\b")
+"""The flags a variant's refusal may name: those the variant sets (`registry.VARIANTS`)."""
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("model_type, variant", _variant_params())
+def test_adapter_variant(model_type, variant):
+    """LoRA on every Linear and QLoRA (the estimate: a 4-bit run needs a GPU) either simulate, or are refused at
+    the door, each problem in one line that names the flag and the reason; never an internal error (issue 41)."""
+    from trainmem.config.setup import TrainSetup
+    from trainmem.errors import SetupError
+
+    try:
+        spec = _spec(model_type)
+    except SetupError as e:
+        if PINNED or "a multimodal model" not in str(e):
+            raise
+        pytest.skip(f"{CAUSES[MULTIMODAL]} (transformers {_installed()})")
+    except Exception as e:
+        if PINNED:
+            raise
+        pytest.skip(f"transformers {_installed()}: a tiny {model_type} does not build ({registry.one_line(e)})")
+    setup = TrainSetup(batch_size=registry.BATCH, seq_len=registry.SEQ, device="cpu", precision="fp32")
+    try:
+        answer = registry.variant(spec, setup, variant)
+    except SetupError as e:
+        assert e.problems  # each problem one line naming its flag (hunyuan_v1_moe's all-linear has two)
+        for line in e.problems:
+            assert "\n" not in line and "Traceback" not in line, line
+            assert REFUSING_FLAG.match(line), line
+        return
+    assert answer.method == "simulate", answer.notes  # not the analytic fallback
+    assert answer.model_states["gradients"] > 0  # the adapters train

@@ -139,6 +139,49 @@ def test_qlora_on_the_hybrids_estimates_and_mamba_is_refused(tmp_path):
         simulate_step(model_builder(mamba, setup.resolved(mamba), "bf16", CATALOG["H200"]), setup.resolved(mamba))
 
 
+@pytest.mark.parametrize("module_class, model_type, weight", [
+    ("Gemma3nTextAltUp", "gemma3n_text", "prediction_coefs"),
+    ("LongcatFlashTopkRouter", "longcat_flash", "classifier")])
+def test_qlora_is_refused_where_a_module_reads_a_4bit_weight(tmp_path, module_class, model_type, weight):
+    """Gemma-3n's AltUp clamps its `prediction_coefs` weight in place in training and LongCat-Flash's router
+    multiplies by its `classifier` weight, both packed uint8 under 4 bits (a GPU run fails too): one line naming
+    --peft qlora refuses each, and the simulation without that refusal still fails, so the refusal is not stale."""
+    from lab import registry
+    from trainmem.config.specs import QLORA_REFUSED
+    from trainmem.estimator.memory.simulate import model_builder, simulate_step
+
+    setup = TrainSetup(batch_size=1, seq_len=16, precision="bf16", peft="qlora", lora_r=4)
+    registry.tiny_config(model_type).save_pretrained(tmp_path)
+    spec = ModelSpec.resolve(str(tmp_path / "config.json"))
+    with pytest.raises(SetupError) as e:
+        estimate(spec, setup, "simulate")
+    [line] = e.value.problems
+    assert line.startswith("--peft qlora: ") and line.endswith("use --peft lora") and weight in line
+    assert spec.qlora_refusal == QLORA_REFUSED[module_class]
+    with pytest.raises(RuntimeError, match="uint8|reduction dim"):
+        simulate_step(model_builder(spec, setup.resolved(spec), "bf16", CATALOG["H200"]), setup.resolved(spec))
+
+
+def test_targets_peft_turns_into_fused_experts_are_refused_without_dropout_0(tmp_path):
+    """On a mixture of experts whose experts transformers 5 fuses (AFMoE), peft turns all-linear's expert names
+    into the fused 3-D weights and adapts those without dropout, and refuses one half of a fused pair: each a
+    line naming --lora-targets (peft itself raised an internal error); with --lora-dropout 0 it simulates."""
+    from lab import registry
+
+    registry.tiny_config("afmoe").save_pretrained(tmp_path)
+    spec = ModelSpec.resolve(str(tmp_path / "config.json"))
+    setup = TrainSetup(batch_size=1, seq_len=16, precision="fp32", peft="lora", lora_r=4, lora_targets=["all-linear"])
+    for bad, words in ((setup, ("--lora-targets all-linear: ", "gate_up_proj", "add --lora-dropout 0")),
+                       (setup.replace(lora_targets=["gate_proj"]), ("--lora-targets gate_proj: ", "up_proj"))):
+        with pytest.raises(SetupError) as e:
+            estimate(spec, bad, "simulate")
+        [line] = e.value.problems
+        assert line.startswith(words[0]) and all(w in line for w in words[1:]), line
+    r = estimate(spec, setup.replace(lora_dropout=0.0), "simulate")
+    assert r.method == "simulate" and r.model_states["gradients"] > estimate(spec, setup.replace(
+        lora_targets=["q_proj"]), "simulate").model_states["gradients"]
+
+
 def test_simulation_records_the_build_and_cublas_workspaces_as_a_gpu_run_does():
     from trainmem.estimator.memory.simulate import model_builder, simulate_step
     from trainmem.hardware import cuda

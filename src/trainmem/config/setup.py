@@ -352,10 +352,14 @@ class TrainSetup:
         if card is not None and self.precision == "auto" and self.device != "cpu" and spec.stored_dtype == "bfloat16":
             out += [p.replace("--precision bf16", f"--precision auto (the {spec.name} checkpoint is bf16)")
                     for p in _card_problems(card, "bf16")]
+        unknown = []  # targets naming no module of the model, or one peft refuses
         if self.peft in ("lora", "qlora") and self.lora_targets and self.lora_targets != ["all-linear"]:
-            out += _target_problems(spec, self.lora_targets)
+            unknown = _target_problems(spec, self.lora_targets)
+        out += unknown
         if self.peft in ("lora", "qlora") and _whole(self.lora_r) and 1 <= self.lora_r <= MAX_WHOLE:
             out += _rank_bound_problems(spec, self.lora_r, self.lora_targets)
+        if self.peft in ("lora", "qlora") and self.lora_targets and not is_regex(self.lora_targets) and not unknown:
+            out += _expert_conversion_problems(spec, self)
         if self.peft == "qlora" and spec.qlora_refusal:
             out.append(f"--peft qlora: {spec.name} cannot train with 4-bit weights: {spec.qlora_refusal}; use "
                        "--peft lora")
@@ -643,6 +647,47 @@ def _target_problems(spec: Any, targets: list[str]) -> list[str]:
                    f"refuses {' and '.join(refused)}, the Mamba mixers' layers); {fix}, or use all-linear, which "
                    "leaves them out")
     return out
+
+
+def _expert_conversion_problems(spec: Any, setup: TrainSetup) -> list[str]:
+    """Targets that peft turns into the fused expert weights of a mixture of experts: peft converts the
+    transformers-4 names of an expert's projections (`gate_proj`, `up_proj`, `down_proj`, Mixtral's `w1`..`w3`,
+    the router's `gate`; every one under `all-linear`) into `target_parameters` on the model types whose
+    experts transformers 5 fuses, and adapts those (peft's `ParamWrapper`) without dropout, and not one half of a
+    fused pair. Asked of peft's own conversion (`convert_peft_config_for_transformers`), on the names alone."""
+    from types import SimpleNamespace
+
+    try:
+        from peft import LoraConfig
+        from peft.utils.transformers_weight_conversion import (
+            _MODEL_TO_CONVERSION_PATTERN as patterns,
+        )
+        from peft.utils.transformers_weight_conversion import (
+            _MOE_TARGET_MODULE_MAPPING as renamed,
+        )
+        from peft.utils.transformers_weight_conversion import convert_peft_config_for_transformers as convert
+    except ImportError:  # a peft without the conversion converts nothing
+        return []
+    old = renamed.get(patterns.get(spec.built_model_type), {})  # an expert's old name -> its fused parameter
+    names = setup.lora_targets
+    if names == ["all-linear"]:  # what peft resolves it to: every Linear's name and every old name
+        names = sorted({n.rsplit(".", 1)[-1] for n in _linears(spec)} | set(old))
+    config = LoraConfig(r=1, target_modules=names)
+    flag = f"--lora-targets {','.join(setup.lora_targets)}"
+    try:
+        convert(config, SimpleNamespace(config=SimpleNamespace(model_type=spec.built_model_type)), None)
+    except ValueError as e:  # one half of a fused pair named
+        return [f"{flag}: {e} (peft converts them on {spec.built_model_type} models); name both"]
+    experts = sorted(config.target_parameters or ())
+    if not experts or setup.lora_experts is True:  # --lora-experts has the same rules, under its own flag
+        return []
+    what = (f"{flag}: on {spec.built_model_type} models peft turns {', '.join(sorted(set(names) & set(old)))} into "
+            f"the fused expert weights {', '.join(experts)} and adapts those")
+    if setup.lora_dropout != 0:
+        return [f"{what} without dropout; add --lora-dropout 0 (it is {setup.lora_dropout!r})"]
+    if str(setup.precision).startswith("amp"):
+        return [f"{what}, not modelled under autocast (--precision {setup.precision}); use --precision bf16 or fp16"]
+    return []
 
 
 def _rank_bound_problems(spec: Any, r: int, targets: list[str] | None) -> list[str]:

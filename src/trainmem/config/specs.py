@@ -302,6 +302,10 @@ QLORA_REFUSED = {
     "MambaMixer": "its Mamba mixers multiply by dt_proj's weight directly (transformers' MambaMixer has no path for "
                   "a quantized model, as Jamba's and Falcon-Mamba's have), and bitsandbytes packs that weight into "
                   "4-bit bytes",
+    "Gemma3nTextAltUp": "its AltUp modules clamp prediction_coefs' weight in place at every training step "
+                        "(`weight.data.clamp_`), and bitsandbytes packs that weight into 4-bit bytes",
+    "LongcatFlashTopkRouter": "its routers multiply by classifier's weight directly (`F.linear` of "
+                              "`classifier.weight`), and bitsandbytes packs that weight into 4-bit bytes",
 }
 """Module classes whose forward reads a quantized Linear's weight as a tensor, so that a 4-bit run fails at its
 first forward (and the simulation with it), by class name: the reason, for `--peft qlora`'s refusal. Guarded by
