@@ -137,3 +137,22 @@ def test_the_simulated_build_is_the_measured_rank_load():
     assert live == load["weights"] == load["allocated"]  # the shards and the buffers, nothing else left
     # the measured load also recomputes the rotary table (a few temporaries of head_dim / 2 floats)
     assert 0 <= load["peak_allocated"] - peak <= 1024
+
+
+@pytest.mark.parametrize("shard,offload", [("zero2", "optimizer"), ("zero3", "params"), ("fsdp", "optimizer")])
+def test_offload_says_the_host_memory_each_rank_and_node_needs(shard, offload):
+    """What `--offload` moves off the GPU lands in host RAM: the rank's share of the optimizer states (plus the fp32
+    gradient partition ZeRO-Offload steps on the CPU), or its parameter shard; a node holds its ranks' shares."""
+    setup = TrainSetup(gpus=8, nodes=2, shard=shard, offload=offload, precision="bf16", batch_size=2, seq_len=32)
+    one = estimate(SPEC, setup.replace(gpus=1, nodes=1, shard="none", offload="none"), "analytic")
+    b = estimate(SPEC, setup, "analytic")
+    trainable = b.model["trainable_parameters"]
+    n = 4 if shard == "fsdp" else 8  # FSDP over two nodes is HSDP: sharded within a node; ZeRO over all 8
+    if offload == "optimizer":
+        moments = 12 * trainable if shard.startswith("zero") else one.model_states["optimizer"]
+        expected = moments // n + (4 * trainable // n if shard.startswith("zero") else 0)
+    else:
+        expected = one.model_states["weights"] // n
+    # FSDP's rank keeps torch AdamW's unsharded step scalars whole; ZeRO's formulas take the rest to 1/N
+    assert abs(b.terms["host_memory_per_rank"] - expected) <= 4 * 64
+    assert any(f"{4 * b.terms['host_memory_per_rank'] / 2**30:.1f} GiB for the 4 ranks of a node" in n for n in b.notes)

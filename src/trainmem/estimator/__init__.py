@@ -320,6 +320,12 @@ def _analytic(inv: states.Inventory, setup: TrainSetup, precision: str, ms: dict
     rank = _rank_states(inv, setup, precision, ms)
     w, g, o, step_temp = rank.weights, rank.gradients, rank.optimizer, rank.step_temporaries
     notes.extend(rank.notes)
+    if rank.host:
+        per_node = setup.gpus // setup.nodes
+        terms["host_memory_per_rank"] = rank.host
+        notes.append(f"--offload {setup.offload}: each rank keeps {rank.host / 2**30:.1f} GiB in host RAM, "
+                     f"{per_node * rank.host / 2**30:.1f} GiB for the {per_node} ranks of a node (states only: "
+                     "pinned staging buffers and the framework's own RAM come on top)")
     if rank.gathered:
         terms["gathered_units"] = rank.gathered
     g_resident = g if setup.grad_accum > 1 else 0

@@ -23,6 +23,9 @@ class RankStates:
     gathered: int
     """ZeRO-3 / FSDP: parameters (and their gradients in backward) of the units gathered at a time."""
     notes: tuple[str, ...] = ()
+    host: int = 0
+    """Bytes of host (CPU) memory this rank's offloaded states take: what `--offload` moved off the GPU, and
+    under ZeRO-Offload the fp32 gradient partition DeepSpeed copies to the host for its CPU optimizer step."""
 
 
 def rank_states(weights: int, gradients: int, optimizer: int, trainable: int, half_weights: bool,
@@ -58,11 +61,14 @@ def rank_states(weights: int, gradients: int, optimizer: int, trainable: int, ha
     else:  # zero3, fsdp: parameters sharded too, gathered a unit (decoder layer) at a time + one prefetched
         w, g = weights // n, gradients // n
     gathered = 2 * largest_layer if shard in ("zero3", "fsdp") else 0
+    host = 0
     if offload == "optimizer":
+        host += opt + (4 * trainable // n if shard.startswith("zero") else 0)
         opt = 0
         notes.append("optimizer states offloaded to CPU memory")
     if offload == "params" and shard in ("zero3", "fsdp"):
+        host += w
         w = 0
         notes.append("parameters offloaded to CPU memory; gathered units still come to the GPU")
     step = g if foreach_copy and offload != "optimizer" else 0
-    return RankStates(w, g, opt, step, gathered, tuple(notes))
+    return RankStates(w, g, opt, step, gathered, tuple(notes), host)
