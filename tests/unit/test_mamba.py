@@ -109,7 +109,9 @@ def test_the_kernels_path_holds_far_less_than_the_torch_scan(which, seq, request
         ledger, final = simulate_step(model_builder(spec, setup, "bf16", CATALOG["H200"]), setup, "bf16",
                                       workspace=0)
         peaks[path] = ledger.peak - final.weights - final.gradients - final.optimizer  # beyond the model states
-    assert peaks["kernels"] < 0.5 * peaks["torch"], peaks
+    # a quarter of the torch path's on transformers 5.17 (granite: 19 MB against 76); 5.25's PyTorch scan holds less
+    # (28 MB), so the bound that holds on every release CI installs is looser
+    assert peaks["kernels"] < 0.75 * peaks["torch"], peaks
 
 
 def test_patched_puts_the_standins_in_and_takes_them_out(granite):
