@@ -121,6 +121,9 @@ def test_plan_cluster_flags_name_each_contradiction():
     assert sorted(p.split(":")[0] for p in e.value.problems) == ["--gpu", "--nodes 3", "--shard"]
     wanted, flags = read_flags({"model": "tiny-llama", "target_batch": "8", "cluster": "8xH100", "nodes": "2"})
     assert wanted["cluster"].gpus == 16 and flags["gpu"] == "H100-80GB" and "nodes" not in flags
+    with pytest.raises(SetupError) as e:  # a mistyped card: the cluster's problem alone, not a missing --gpu
+        read_flags({"model": "tiny-llama", "target_batch": "8", "cluster": "8xH1000"})
+    assert [p.split(":")[0] for p in e.value.problems] == ["--cluster"]
 
 
 def test_layouts_divide_the_batch_and_take_whole_nodes():

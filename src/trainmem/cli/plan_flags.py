@@ -69,7 +69,7 @@ def read_flags(given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     if flags.get("target_batch") is None:
         problems.append("--target-batch: the effective batch to reach, e.g. --target-batch 16")
     cluster = _cluster(flags, problems) if flags.get("cluster") is not None else None
-    if flags.get("gpu") is None and cluster is None:
+    if flags.get("gpu") is None and flags.get("cluster") is None:  # a cluster, even a mistyped one, names the card
         flags["gpu"] = this_card()
         if flags["gpu"] is None:
             problems.append(NO_GPU)
