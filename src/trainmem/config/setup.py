@@ -597,7 +597,10 @@ def _peft_default_works(spec: Any) -> bool:
         from peft import LoraConfig, get_peft_model
         from transformers import AutoModelForCausalLM
 
-        with torch.device("meta"):
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        # outside any dispatch mode: asked from inside a simulation, the probe's tensors are not the step's
+        with _disable_current_modes(), torch.device("meta"):
             model = AutoModelForCausalLM.from_config(spec.hf_config())
             try:
                 get_peft_model(model, LoraConfig(r=1, task_type="CAUSAL_LM"))

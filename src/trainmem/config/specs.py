@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import dataclasses
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -254,6 +255,23 @@ class ModelSpec:
         builds the text model from a composite config (Emu3, Mllama: `causal_config` keeps those whole), its
         `text_config`, as transformers' `get_text_config(decoder=True)` picks it."""
         return self.hf_config().get_text_config(decoder=True)
+
+    def cut(self, layers: int, layer_type: str | None = None) -> ModelSpec:
+        """This model with its first `layers` decoder layers only (per-layer lists of the config cut to match),
+        or with `layers` of one `layer_type` (`sliding_attention`, `full_attention`); in a composite config
+        (Emu3, Mllama), of its `text_config`. The step-time model traces cut models, and the simulation composes
+        a deep model's step from them (`estimator.memory.compose`)."""
+        config = dict(self.config)
+        text = dict(config["text_config"]) if isinstance(config.get("text_config"), dict) else config
+        text["n_layer" if "n_layer" in text and "num_hidden_layers" not in text else "num_hidden_layers"] = layers
+        if layer_type:
+            text["layer_types"] = [layer_type] * layers
+        elif isinstance(text.get("layer_types"), list):
+            text["layer_types"] = text["layer_types"][:layers]
+        if text is not config:
+            config["text_config"] = text
+        kind = f" {layer_type}" if layer_type else ""
+        return dataclasses.replace(self, name=f"{self.name} [{layers}{kind} layers]", config=config)
 
     @property
     def max_positions(self) -> int | None:

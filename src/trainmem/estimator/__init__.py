@@ -26,7 +26,7 @@ from trainmem.hardware.gpus import CATALOG, GPU, find_gpu
 from trainmem.version import stamp
 
 from .breakdown import ADVICE, Breakdown
-from .memory import allocator, analytic, runtime, sharded, sharding, states
+from .memory import allocator, analytic, compose, runtime, sharded, sharding, states
 from .memory.simulate import model_builder, simulate_step, steady_start
 from .memory.hostvalues import ROUTING_BALANCED, ROUTING_FREE, UnknownValue
 from .time import comm
@@ -402,10 +402,15 @@ def _lora_inputs(inv: states.Inventory, setup: TrainSetup, layers: int) -> int:
 def simulated_step(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU) -> Any:
     """The recording ledger of `setup`'s simulated steps on `card`'s runtime: rank 0's under FSDP2, else the
     model's own (`simulate.simulate_step`)."""
-    if setup.shard == "fsdp":
-        return sharded.simulate_fsdp_rank(spec, setup, precision)[0]
-    return simulate_step(model_builder(spec, setup, precision, card), setup, precision,
-                         workspace=card.cublas_workspace, flash=card.flash, sms=card.sms)[0]
+    def simulated(model: ModelSpec) -> Any:
+        if setup.shard == "fsdp":
+            return sharded.simulate_fsdp_rank(model, setup, precision)[0]
+        return simulate_step(model_builder(model, setup, precision, card), setup, precision,
+                             workspace=card.cublas_workspace, flash=card.flash, sms=card.sms)[0]
+
+    layers = int(spec.text_config().num_hidden_layers)
+    composed = compose.composed_step(spec.config, layers, lambda k: simulated(spec.cut(k)))
+    return composed if composed is not None else simulated(spec)
 
 
 def _simulate(spec: ModelSpec, setup: TrainSetup, precision: str, notes: list[str], card: GPU,

@@ -202,27 +202,6 @@ class _StandIns:
         F.dropout, F.scaled_dot_product_attention, F.grouped_mm = self.saved
 
 
-def _layers_key(config: dict) -> str:
-    return "n_layer" if "n_layer" in config and "num_hidden_layers" not in config else "num_hidden_layers"
-
-
-def _cut(spec: ModelSpec, layers: int, layer_type: str | None = None) -> ModelSpec:
-    """`spec` with its first `layers` decoder layers only (per-layer lists of the config cut to match), or
-    with `layers` of one `layer_type` (`sliding_attention`, `full_attention`); in a composite config (Emu3,
-    Mllama), of its `text_config`."""
-    config = dict(spec.config)
-    text = dict(config["text_config"]) if isinstance(config.get("text_config"), dict) else config
-    text[_layers_key(text)] = layers
-    if layer_type:
-        text["layer_types"] = [layer_type] * layers
-    elif isinstance(text.get("layer_types"), list):
-        text["layer_types"] = text["layer_types"][:layers]
-    if text is not config:
-        config["text_config"] = text
-    kind = f" {layer_type}" if layer_type else ""
-    return dataclasses.replace(spec, name=f"{spec.name} [{layers}{kind} layers]", config=config)
-
-
 class _Traced(NamedTuple):
     """What one trace counted (`_Count`)."""
 
@@ -268,7 +247,7 @@ def _extrapolated(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU)
     traced = None
     if layers > 2:  # two layers or fewer: the whole model is as cheap to trace as the cut ones
         try:
-            traced = {(n, b): _trace(_cut(spec, n), setup.replace(batch_size=b), precision, card)
+            traced = {(n, b): _trace(spec.cut(n), setup.replace(batch_size=b), precision, card)
                       for n in (1, 2) for b in (1, 2)}
         except Exception:  # a config whose per-layer settings do not survive the cut: trace it whole
             traced = None
@@ -306,8 +285,8 @@ def _attention(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU,
     for kind, n in Counter(types[:layers]).items():
         n -= kind == types[0]
         if n:
-            first = one if kind == types[0] else _trace(_cut(spec, 1, kind), single, precision, card).attention
-            pair = _trace(_cut(spec, 2, kind), single, precision, card).attention
+            first = one if kind == types[0] else _trace(spec.cut(1, kind), single, precision, card).attention
+            pair = _trace(spec.cut(2, kind), single, precision, card).attention
             out.update({k: n * (pair.get(k, 0) - first.get(k, 0)) for k in {*first, *pair}})
     return dict(out)
 
