@@ -271,6 +271,9 @@ class TrainSetup:
         choice("precision", self.precision, PRECISIONS)
         choice("optimizer", self.optimizer, tuple(OPTIMIZER_TABLE))  # read now: a row added at run time counts
         choice("attention", self.attention, ATTENTIONS)
+        if self.attention in FLASH_ATTENTIONS and self.distributed:
+            out.append(f"--attention {self.attention}: modelled on one GPU; drop --gpus and --shard, or use "
+                       "--attention sdpa")
         if self.attention in FLASH_ATTENTIONS and self.precision == "fp32":
             out.append(f"--attention {self.attention}: flash-attn takes fp16/bf16 q, k, v only, and --precision fp32 "
                        "has no autocast to give it them; use --precision bf16 or amp-bf16, or --attention sdpa")
