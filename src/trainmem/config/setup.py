@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from trainmem.errors import SetupError
-from trainmem.hardware.cuda import FLASH_ATTENTIONS, LIGER_FAMILIES, MAMBA_FAMILIES, MAMBA_PATHS, flash_attention_problem
+from trainmem.hardware.cuda import (
+    FLASH_ATTENTIONS,
+    LIGER_FAMILIES,
+    MAMBA_FAMILIES,
+    MAMBA_PATHS,
+    flash_attention_problem,
+)
 from trainmem.hardware.gpus import find_gpu, gpu_problem
 from trainmem.hardware.interconnect import network_problem
 

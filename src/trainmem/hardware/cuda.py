@@ -146,7 +146,8 @@ def fused_attention_loaded(attention: str, precision: str, peft: str) -> bool:
 FLASH_ATTN_VERSION = "2.8.3"
 """The flash-attn release whose sources the estimate's FlashAttention stand-in follows (`estimator.memory.standins`);
 the package cannot be installed where trainmem was validated, so these figures are derived, not measured."""
-FLASH_ATTN_SOURCE = (f"Dao-AILab/flash-attention v{FLASH_ATTN_VERSION}: flash_attn/flash_attn_interface.py FlashAttnFunc, "
+FLASH_ATTN_SOURCE = (f"Dao-AILab/flash-attention v{FLASH_ATTN_VERSION}: flash_attn/flash_attn_interface.py "
+                     "FlashAttnFunc, "
                      "csrc/flash_attn/flash_api.cpp mha_fwd/mha_bwd/set_params_splitkv (FA2); "
                      "hopper/flash_attn_interface.py FlashAttnFunc, hopper/flash_api.cpp mha_fwd/mha_bwd (FA3)")
 FLASH_ATTENTIONS = {"flash_attention_2": 2, "flash_attention_3": 3}
@@ -229,4 +230,5 @@ __all__ = ["SDPA_SOURCE", "has_flash", "sdpa_kernel", "sdpa_backends", "CUBLAS_S
            "LAZY_KERNELS", "FUSED_ATTENTION_KERNELS", "STACK_PER_THREAD", "THREADS_PER_SM", "local_memory",
            "CONTEXT_BASE", "derived_context", "fused_attention_loaded", "LIGER_VERSION", "LIGER_SOURCE",
            "LIGER_FAMILIES", "FLASH_ATTN_VERSION", "FLASH_ATTN_SOURCE",
-           "FLASH_ATTENTIONS", "flash_attention_problem", "flash_splits", "MAMBA_SOURCE", "MAMBA_PATHS", "MAMBA_FAMILIES"]
+           "FLASH_ATTENTIONS", "flash_attention_problem", "flash_splits", "MAMBA_SOURCE", "MAMBA_PATHS",
+           "MAMBA_FAMILIES"]
