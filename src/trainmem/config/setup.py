@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from trainmem.errors import SetupError
-from trainmem.hardware.cuda import LIGER_FAMILIES, MAMBA_FAMILIES, MAMBA_PATHS
+from trainmem.hardware.cuda import (
+    FLASH_ATTENTIONS,
+    LIGER_FAMILIES,
+    MAMBA_FAMILIES,
+    MAMBA_PATHS,
+    flash_attention_problem,
+)
 from trainmem.hardware.gpus import find_gpu, gpu_problem
 from trainmem.hardware.interconnect import network_problem
 
@@ -26,7 +32,7 @@ from .optimizers import by_trainer_name, trainer_name
 PEFTS = ("none", "lora", "qlora")
 PRECISIONS = ("auto", "fp32", "fp16", "bf16", "amp-bf16", "amp-fp16")
 OPTIMIZERS = tuple(OPTIMIZER_TABLE)
-ATTENTIONS = ("auto", "sdpa", "eager")
+ATTENTIONS = ("auto", "sdpa", "eager", *FLASH_ATTENTIONS)
 LABELS = ("random", "copy")
 DATA_MODES = ("pad", "pack")
 DEVICES = ("auto", "cuda", "cpu")
@@ -77,7 +83,10 @@ class TrainSetup:
     says so and suggests the linearly scaled rate, instead of silently reusing `lr`."""
     attention: str = "auto"
     """`auto` (what transformers picks for the model: sdpa where its class supports it, else eager),
-    `sdpa` or `eager`. `validate(spec)` makes `auto` the kernel it stands for, recorded in results."""
+    `sdpa`, `eager`, or flash-attn's `flash_attention_2` / `flash_attention_3` (Hopper), as transformers'
+    `attn_implementation` names them: those need the flash-attn package to `run`, and fp16/bf16 q, k, v; the
+    estimate prices them from flash-attn's sources (`trainmem.hardware.cuda.FLASH_ATTN_SOURCE`), not measured.
+    `validate(spec)` makes `auto` the kernel it stands for, recorded in results."""
     kernels: str = "none"
     """`none` (transformers' own modules) or `liger`: liger-kernel's defaults for the model's family (its fused
     linear cross-entropy, which never holds the logits, and its RMSNorm, SwiGLU and RoPE kernels), applied by
@@ -268,6 +277,12 @@ class TrainSetup:
         choice("precision", self.precision, PRECISIONS)
         choice("optimizer", self.optimizer, tuple(OPTIMIZER_TABLE))  # read now: a row added at run time counts
         choice("attention", self.attention, ATTENTIONS)
+        if self.attention in FLASH_ATTENTIONS and self.distributed:
+            out.append(f"--attention {self.attention}: modelled on one GPU; drop --gpus and --shard, or use "
+                       "--attention sdpa")
+        if self.attention in FLASH_ATTENTIONS and self.precision == "fp32":
+            out.append(f"--attention {self.attention}: flash-attn takes fp16/bf16 q, k, v only, and --precision fp32 "
+                       "has no autocast to give it them; use --precision bf16 or amp-bf16, or --attention sdpa")
         choice("kernels", self.kernels, KERNELS)
         if self.kernels == "liger" and self.distributed:
             out.append("--kernels liger: modelled on one GPU; drop --gpus and --shard, or use --kernels none")
@@ -297,6 +312,7 @@ class TrainSetup:
             out.append(gpu_problem(self.gpu))  # type: ignore[arg-type]
         elif self.gpu is not None:
             out += _card_problems(find_gpu(self.gpu), self.precision)  # type: ignore[arg-type]
+            out += _flash_card_problems(find_gpu(self.gpu), self.attention, self.gpu)  # type: ignore[arg-type]
         if self.memory_cap is not None and (not _whole(self.memory_cap) or self.memory_cap < 1):
             out.append(f"--memory-cap: must be a positive number of bytes, got {self.memory_cap!r}")
         if self.lora_targets is not None and (not isinstance(self.lora_targets, list) or not self.lora_targets
@@ -366,7 +382,17 @@ class TrainSetup:
         if self.lora_experts is True and self.peft != "none" and not spec.expert_parameters:
             out.append(f"--lora-experts: {spec.name} has no fused expert weights (a mixture of experts' 3-D "
                        "experts parameters) to adapt; drop --lora-experts")
-        if self.attention in ATTENTIONS[1:] and self.attention not in spec.attentions:
+        if self.attention in FLASH_ATTENTIONS and not getattr(spec.model_class, "_supports_flash_attn", False):
+            from transformers import __version__
+
+            cls = getattr(spec.model_class, "__name__", spec.model_type)
+            out.append(f"--attention: {spec.name} ({cls}) does not support {self.attention} in transformers "
+                       f"{__version__}; use --attention {' or '.join(spec.attentions)}, or auto")
+        elif (self.attention in FLASH_ATTENTIONS and self.precision == "auto" and self.device != "cpu"
+              and spec.stored_dtype == "float32"):
+            out.append(f"--attention {self.attention}: the {spec.name} checkpoint is fp32, which --precision auto "
+                       "keeps, and flash-attn takes fp16/bf16 only; add --precision bf16 or amp-bf16")
+        if self.attention in ("sdpa", "eager") and self.attention not in spec.attentions:
             from transformers import __version__
 
             cls = getattr(spec.model_class, "__name__", spec.model_type)
@@ -726,6 +752,16 @@ def _card_problems(card: Any, precision: str) -> list[str]:
         return []
     return [f"--precision {precision}: the {card.name} (sm{card.sm[0]}{card.sm[1]}, {card.architecture}) has no "
             "native bf16; use --precision amp-fp16 (fp32 weights, fp16 autocast with a gradient scaler)"]
+
+
+def _flash_card_problems(card: Any, attention: str, name: str) -> list[str]:
+    """flash-attn's kernels on a card they do not run on (`flash_attention_problem`)."""
+    why = flash_attention_problem(attention, card.sm)
+    if why is None:
+        return []
+    return [f"--attention {attention}: {why}, and --gpu {name} is the {card.name} (sm{card.sm[0]}{card.sm[1]}); use "
+            f"--attention sdpa" + (" or flash_attention_2" if attention == "flash_attention_3" and card.sm >= (8, 0)
+                                   else "") + ", or another --gpu"]
 
 
 def training_arguments_values(args: Any, model: Any = None) -> dict[str, Any]:

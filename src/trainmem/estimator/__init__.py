@@ -65,6 +65,9 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
     if method == "analytic" and setup.mamba_path == "kernels":
         raise SetupError(["--method analytic: does not model --mamba-path kernels (the Mamba kernels are priced by "
                           "simulating the step); use --method simulate or auto"])
+    if method == "analytic" and setup.attention in cuda.FLASH_ATTENTIONS:
+        raise SetupError([f"--method analytic: does not model --attention {setup.attention} (flash-attn's kernels are "
+                          "priced by simulating the step); use --method simulate or auto"])
     precision = setup.resolved_precision(spec, "cuda")
     method, why = _method(setup, method)
     notes = _setup_notes(spec, setup, why)
@@ -129,6 +132,10 @@ def _setup_notes(spec: ModelSpec, setup: TrainSetup, method_note: str | None) ->
                      "modules', not Liger's kernels'")
     if spec.model_type in cuda.MAMBA_FAMILIES:
         notes.append(MAMBA_NOTES[setup.mamba_path])
+    if setup.attention in cuda.FLASH_ATTENTIONS:
+        notes.append(f"priced: --attention {setup.attention} from flash-attn {cuda.FLASH_ATTN_VERSION}'s sources "
+                     "(derived, not measured: the package cannot be installed where trainmem was validated); its "
+                     "step time is SDPA's flash kernel's")
     if setup.data is not None:
         notes.append(f"--data: estimated as full {setup.seq_len}-token rows (an upper bound for padded text)")
     if setup.lr_note():

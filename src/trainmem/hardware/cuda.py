@@ -19,6 +19,7 @@ cuBLASLt's own workspace and NCCL's buffers are not modelled.
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any
 
 MiB = 1024**2
@@ -136,8 +137,59 @@ def derived_context(sm: tuple[int, int], sms: int) -> int:
 
 def fused_attention_loaded(attention: str, precision: str, peft: str) -> bool:
     """Whether a step loads the fused-attention kernels (`FUSED_ATTENTION_KERNELS` outside the allocator):
-    SDPA on half-precision q, k, v; not under QLoRA, whose activations are fp32, nor in fp32."""
-    return attention == "sdpa" and precision != "fp32" and peft != "qlora"
+    SDPA on half-precision q, k, v; not under QLoRA, whose activations are fp32, nor in fp32. flash-attn's kernels
+    (`FLASH_ATTENTIONS`) are taken to load as much as PyTorch's flash kernel, FA2's own code (derived)."""
+    return (attention == "sdpa" and precision != "fp32" and peft != "qlora") or attention in FLASH_ATTENTIONS
+
+
+# --- flash-attn's kernels (transformers' flash_attention_2 / flash_attention_3) ------------------------------
+FLASH_ATTN_VERSION = "2.8.3"
+"""The flash-attn release whose sources the estimate's FlashAttention stand-in follows (`estimator.memory.standins`);
+the package cannot be installed where trainmem was validated, so these figures are derived, not measured."""
+FLASH_ATTN_SOURCE = (f"Dao-AILab/flash-attention v{FLASH_ATTN_VERSION}: flash_attn/flash_attn_interface.py "
+                     "FlashAttnFunc, "
+                     "csrc/flash_attn/flash_api.cpp mha_fwd/mha_bwd/set_params_splitkv (FA2); "
+                     "hopper/flash_attn_interface.py FlashAttnFunc, hopper/flash_api.cpp mha_fwd/mha_bwd (FA3)")
+FLASH_ATTENTIONS = {"flash_attention_2": 2, "flash_attention_3": 3}
+"""transformers' `attn_implementation` names of flash-attn's kernels -> the FlashAttention version they call."""
+
+
+def flash_attention_problem(attention: str, sm: tuple[int, int]) -> str | None:
+    """Why flash-attn's kernels do not run on this compute capability, or None: FA2 needs Ampere or newer
+    (flash_api.cpp `mha_fwd`: "FlashAttention only supports Ampere GPUs or newer", major >= 8); FA3 is built for
+    Hopper, sm90 (hopper/setup.py compiles sm90a only, as flash-attn 2.8.3 ships it)."""
+    version = FLASH_ATTENTIONS.get(attention)
+    if version == 2 and sm < (8, 0):
+        return "FlashAttention-2 needs compute capability 8.0 or newer (Ampere)"
+    if version == 3 and sm[0] != 9:
+        return "FlashAttention-3 runs on Hopper only (compute capability 9.x)"
+    return None
+
+
+def flash_splits(batch: int, heads: int, seq_q: int, seq_k: int, head_dim: int, sms: int, dropout: float) -> int:
+    """How many key/value splits FA2's forward takes (flash_api.cpp `set_params_splitkv` with
+    `num_splits_heuristic`, `FLASH_ATTN_SOURCE`): with no dropout, and fewer (batch x heads x 64-row query
+    blocks) than 0.8 x twice the SMs, the smallest split count whose wave efficiency is within 85% of the best;
+    more than one allocates fp32 partial outputs for the forward's duration. `head_dim` is the padded one."""
+    if dropout > 0:
+        return 1
+    block_n = 256 if head_dim <= 64 else 128 if head_dim <= 128 else 64
+    n_blocks = -(-seq_k // block_n)
+    work, slots = batch * heads * -(-seq_q // 64), 2 * sms
+    if work >= 0.8 * slots:
+        return 1
+    top = min(128, slots, n_blocks)
+
+    def eligible(n: int) -> bool:
+        return n == 1 or -(-n_blocks // n) != -(-n_blocks // (n - 1))
+
+    def efficiency(n: int) -> float:
+        waves = work * n / slots
+        return waves / math.ceil(waves)
+
+    effs = {n: efficiency(n) for n in range(1, top + 1) if eligible(n)}
+    best = max(effs.values(), default=0.0)
+    return next((n for n, e in effs.items() if e >= 0.85 * best), 1)
 
 
 # --- Liger's kernels ------------------------------------------------------------------------------------
@@ -177,4 +229,6 @@ __all__ = ["SDPA_SOURCE", "has_flash", "sdpa_kernel", "sdpa_backends", "CUBLAS_S
            "workspace_config", "workspace_bytes", "cublas_workspace", "H200_CONTEXT_AT_START", "H200_OVERHEAD",
            "LAZY_KERNELS", "FUSED_ATTENTION_KERNELS", "STACK_PER_THREAD", "THREADS_PER_SM", "local_memory",
            "CONTEXT_BASE", "derived_context", "fused_attention_loaded", "LIGER_VERSION", "LIGER_SOURCE",
-           "LIGER_FAMILIES", "MAMBA_SOURCE", "MAMBA_PATHS", "MAMBA_FAMILIES"]
+           "LIGER_FAMILIES", "FLASH_ATTN_VERSION", "FLASH_ATTN_SOURCE",
+           "FLASH_ATTENTIONS", "flash_attention_problem", "flash_splits", "MAMBA_SOURCE", "MAMBA_PATHS",
+           "MAMBA_FAMILIES"]

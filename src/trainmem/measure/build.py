@@ -21,7 +21,7 @@ from trainmem.config.optimizers import OPTIMIZERS
 from trainmem.config.setup import TrainSetup, peft_targets
 from trainmem.config.specs import ModelSpec
 from trainmem.errors import SetupError
-from trainmem.hardware.cuda import MAMBA_FAMILIES
+from trainmem.hardware.cuda import FLASH_ATTENTIONS, MAMBA_FAMILIES
 
 WEIGHT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
                  "amp-bf16": torch.float32, "amp-fp16": torch.float32}
@@ -42,6 +42,15 @@ def has_mamba_kernels() -> bool:
     """Whether mamba-ssm and causal-conv1d are importable: transformers then binds their kernels into a Mamba
     mixer's modeling module (`--mamba-path kernels`)."""
     return all(importlib.util.find_spec(name) is not None for name in ("mamba_ssm", "causal_conv1d"))
+
+
+FLASH_MODULES = {2: "flash_attn", 3: "flash_attn_interface"}
+"""The module transformers imports for each FlashAttention version (modeling_flash_attention_utils `_lazy_imports`)."""
+
+
+def has_flash_attn(attention: str) -> bool:
+    """Whether the flash-attn build that `attention` (`flash_attention_2` / `_3`) calls is importable."""
+    return importlib.util.find_spec(FLASH_MODULES[FLASH_ATTENTIONS[attention]]) is not None
 
 
 def _cpu_runs(dtype: torch.dtype) -> bool:
@@ -84,6 +93,13 @@ def environment_problems(setup: TrainSetup, device: str, precision: str, launche
     elif setup.kernels == "liger" and not has_liger():
         out.append("--kernels liger: needs liger-kernel, which is not installed (pip install liger-kernel on a "
                    "CUDA machine)")
+    if setup.attention in FLASH_ATTENTIONS and device == "cpu":
+        out.append(f"--attention {setup.attention}: flash-attn's kernels run on CUDA only; use --device cuda or "
+                   "--attention sdpa")
+    elif setup.attention in FLASH_ATTENTIONS and not has_flash_attn(setup.attention):
+        module = FLASH_MODULES[FLASH_ATTENTIONS[setup.attention]]
+        out.append(f"--attention {setup.attention}: needs the flash-attn package ({module}), which is not installed; "
+                   "`trainmem estimate` prices it from flash-attn's sources, or use --attention sdpa")
     if setup.engine == "sft" and importlib.util.find_spec("trl") is None:
         out.append("--engine sft: needs TRL, which is not installed (pip install 'trainmem[trl]'); or use "
                    "--engine trainer")

@@ -188,7 +188,7 @@ def _steps(build: Callable[[TensorLedger], Any], setup: TrainSetup, amp: Any, le
     final = StateBytes(0, 0, 0)
     kernels = liger.patched(model, sms) if setup.kernels == "liger" else contextlib.nullcontext()
     mixers = mamba.patched(model, sms) if setup.mamba_path == "kernels" else contextlib.nullcontext()
-    with cuda_choices(setup.attention, flash, ledger.inplace, zeros=(ids,)) as host, kernels, mixers, ledger:
+    with cuda_choices(setup.attention, flash, ledger.inplace, zeros=(ids,), sms=sms) as host, kernels, mixers, ledger:
         for step in range(1, STEPS + 1):
             ledger.inplace.enabled = step > PROBE_STEPS
             for k in range(1, setup.grad_accum + 1):

@@ -63,11 +63,19 @@ def weight_bytes_per(precision: str) -> int:
 
 def meta_model(spec: ModelSpec, setup: TrainSetup, precision: str) -> Any:
     """The real Hugging Face model (and peft adapters) on the meta device, in the weights' dtype, built by the
-    builder `trainmem run` uses (`measure.build`)."""
+    builder `trainmem run` uses (`measure.build`); flash-attn's attention (not installed here) by its stand-in
+    (`standins.use_flash`)."""
     from trainmem.measure.build import WEIGHT_DTYPES, add_adapters, random_model
 
+    from trainmem.hardware.cuda import FLASH_ATTENTIONS
+
+    from .standins import use_flash
+
     setup = setup.resolved(spec)
-    model = random_model(spec, WEIGHT_DTYPES[precision], setup.attention, "meta")
+    flash = setup.attention in FLASH_ATTENTIONS  # built with SDPA, then pointed at the FlashAttention stand-in
+    model = random_model(spec, WEIGHT_DTYPES[precision], "sdpa" if flash else setup.attention, "meta")
+    if flash:
+        use_flash(model, setup.attention)
     model.config.use_cache = False
     with torch.device("meta"):
         return add_adapters(model, setup, spec)

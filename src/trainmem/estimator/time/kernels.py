@@ -145,16 +145,35 @@ class _StandIns:
     meta: CUDA's fused dropout is one kernel forward (reads x, writes the output and a 1-byte mask) and one
     backward (reads the gradient and the mask, writes the input gradient); a fused attention kernel is one
     launch forward and two backward (FlashAttention-2's preprocessing and main kernel), its bytes part of its
-    FLOP time (`timing.EFF_FLASH`). Installed inside `standins.cuda_choices`, around its stand-ins."""
+    FLOP time (`timing.EFF_FLASH`). flash-attn's own kernels (`--attention flash_attention_2|3`) are counted as
+    SDPA's flash kernel (`flash-half`), launches and FLOPs alike: the same FA2 code; FA3's faster Hopper kernels
+    and FA2's dq conversion launch are not modelled (kept simple). Installed inside `standins.cuda_choices`,
+    around its stand-ins."""
 
     def __init__(self, count: _Count, flash: bool):
         self.count = count
         self.flash = flash
 
     def __enter__(self) -> None:
+        from trainmem.estimator.memory import standins
         from trainmem.estimator.memory.standins import sdpa_call
 
         F = torch.nn.functional
+        self.flash_attn = standins._flash_attn
+        flash_attn = self.flash_attn
+
+        def counted_flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, version: int, causal: bool,
+                               *args: Any) -> Any:
+            out = flash_attn(q, k, v, version, causal, *args)
+            count.launches += 3
+            b, sq, h, d = q.shape  # (batch, seq, heads, dim), as flash_attn_func takes them
+            flops = 2 * b * h * sq * k.shape[1] * (d + v.shape[-1]) / (2 if causal else 1)
+            count.attention["flash-half"] += flops
+            if out.requires_grad:
+                out.register_hook(lambda grad: count.attention.update({"flash-half": 2 * flops}))
+            return out
+
+        standins._flash_attn = counted_flash_attn
         self.saved = (F.dropout, F.scaled_dot_product_attention, F.grouped_mm)
         dropout, sdpa, count, flash = F.dropout, F.scaled_dot_product_attention, self.count, self.flash
         grouped = F.grouped_mm
@@ -198,8 +217,11 @@ class _StandIns:
         F.dropout, F.scaled_dot_product_attention, F.grouped_mm = counted_dropout, counted_sdpa, counted_grouped_mm
 
     def __exit__(self, *exc: Any) -> None:
+        from trainmem.estimator.memory import standins
+
         F = torch.nn.functional
         F.dropout, F.scaled_dot_product_attention, F.grouped_mm = self.saved
+        standins._flash_attn = self.flash_attn
 
 
 class _Traced(NamedTuple):
