@@ -394,9 +394,9 @@ REFUSED = [
     ("rank-text", ["run", *TINY, "--rank", "x", "--gpus", "2", "--shard", "fsdp", "--device", "cpu"],
      "--rank x: out of range"),
     # a flag the command does not use
-    ("estimate-engine", ["estimate", *TINY, "--engine", "trainer", *FAST],
-     "--engine: trainmem estimate does not use it (it trains nothing; --engine picks who trains in trainmem run); "
-     "drop it"),
+    ("estimate-sft-analytic", ["estimate", *TINY, "--engine", "sft", "--method", "analytic"],
+     "--method analytic: does not model --engine sft (TRL's fused LM head is priced by simulating the step); use "
+     "--method simulate or auto"),
     ("estimate-rank", ["estimate", *TINY, "--rank", "1", "--gpus", "2", "--shard", "fsdp", *FAST],
      "--rank: trainmem estimate does not use it (it predicts rank 0 of --gpus N --shard fsdp; --rank picks the rank "
      "trainmem run measures); drop it"),
@@ -431,8 +431,6 @@ REFUSED = [
     ("sweep-out-not-empty", ["sweep", *TINY, "--method", "estimate", "--out", "{old-rows.jsonl}"],
      "--out: {old-rows.jsonl} already holds 2 lines; a sweep without --resume would append its points again: add "
      "--resume to skip the points it holds, or pass a new --out"),
-    ("sweep-estimate-engine", ["sweep", *TINY, "--method", "estimate", "--engine", "trainer", "--out", "{folder}/x.jsonl"],
-     "--engine: trainmem sweep --method estimate does not use it (it trains nothing"),
     ("lr-batch-zero", ["estimate", *TINY, "--lr-batch", "0", *FAST], "--lr-batch: must be a whole number >= 1"),
     ("method-unknown", ["estimate", *TINY, "--method", "guess"], "--method: 'guess' is not one of"),
     ("data-folder", ["estimate", *TINY, "--data", "{folder}", *FAST], "--data: '{folder}' is a folder"),
@@ -773,8 +771,8 @@ def test_a_command_offers_only_the_flags_it_uses(capsys, paths, tmp_path):
     # run takes every setup flag but those pricing other machines (--nodes, --gpus-per-node, --network)
     assert all(re.search(rf"^\s+{flag} X", out, re.M) for flag, (name, _) in SETUP_FLAGS.items()
                if name not in NOT_USED["run"])
-    code, _, err = cli(capsys, ["estimate", *TINY, "--engine", "trainer", "--rank", "1", "--lr", "0", *FAST])
-    assert code == 2 and [p.split(":")[0] for p in problem_lines(err, "estimate")] == ["--engine", "--rank", "--lr"]
+    code, _, err = cli(capsys, ["estimate", *TINY, "--seed", "3", "--rank", "1", "--lr", "0", *FAST])
+    assert code == 2 and [p.split(":")[0] for p in problem_lines(err, "estimate")] == ["--rank", "--seed", "--lr"]
     config = tmp_path / "run.yaml"
     config.write_text("model: tiny-gpt-neox\nengine: trainer\nsteps: 5\nseed: 3\n")
     assert estimate_json(capsys, ["--config", str(config), *FAST])["setup"]["engine"] == "trainer"

@@ -26,8 +26,8 @@ def test_an_sft_config_maps_onto_the_setup(tmp_path):
     _, setup = load_setup("tiny-llama", {}, training_args=path)
     # SFTConfig's own defaults: gradient checkpointing on, bf16 autocast unless fp16, learning rate 2e-5
     assert (setup.seq_len, setup.batch_size, setup.grad_accum, setup.kernels, setup.optimizer, setup.checkpointing,
-            setup.precision, setup.lr, setup.data_mode) == (256, 4, 8, "liger", "adamw-fused", True, "amp-bf16",
-                                                            2e-5, "pad")
+            setup.precision, setup.lr, setup.data_mode, setup.engine) == (256, 4, 8, "liger", "adamw-fused", True,
+                                                                          "amp-bf16", 2e-5, "pad", "sft")
     json_path = _file(tmp_path, {"max_length": 128, "fp16": True, "gradient_checkpointing": False}, "sft.json")
     _, setup = load_setup("tiny-llama", {"batch_size": "2"}, training_args=json_path)
     assert (setup.seq_len, setup.precision, setup.checkpointing, setup.batch_size) == (128, "amp-fp16", False, 2)
@@ -36,7 +36,8 @@ def test_an_sft_config_maps_onto_the_setup(tmp_path):
 def test_a_training_arguments_file_keeps_trainers_defaults(tmp_path):
     _, setup = load_setup("tiny-llama", {}, training_args=_file(tmp_path, {"per_device_train_batch_size": 3},
                                                                 "args.json"))
-    assert (setup.checkpointing, setup.precision, setup.seq_len) == (False, "auto", TrainSetup.seq_len)
+    assert (setup.checkpointing, setup.precision, setup.seq_len, setup.engine) == (False, "auto", TrainSetup.seq_len,
+                                                                                   "loop")
 
 
 def test_packing_is_the_pack_data_mode(tmp_path):
@@ -47,7 +48,7 @@ def test_packing_is_the_pack_data_mode(tmp_path):
     _, dummy = load_setup("tiny-llama", {}, training_args=path)
     _, flags = load_setup("tiny-llama", {"seq_len": "64", "batch_size": "2", "checkpointing": "true",
                                          "precision": "amp-bf16", "lr": "2e-5", "optimizer": "adamw-fused",
-                                         "seed": "42"})  # Trainer's optim and seed
+                                         "seed": "42", "engine": "sft"})  # Trainer's optim and seed
     assert dummy == flags and dummy.data_mode == "pad"
     config = tmp_path / "setup.yaml"  # a pack mode asked for by name, not by packing, still needs --data
     config.write_text("data_mode: pack\n")

@@ -74,7 +74,8 @@ SETUP_FLAGS: dict[str, tuple[str, str]] = {
                "process through PyTorch's fake process group (default on CUDA: rank 0)"),
     "--offload": ("offload", "none|optimizer|params: ZeRO/FSDP offload to CPU memory (estimate)"),
     "--engine": ("engine", f"{'|'.join(ENGINES)}: trainmem's loop, transformers.Trainer or TRL's SFTTrainer "
-                 "with MemoryCallback (default loop; run only)"),
+                 "with MemoryCallback (default loop; an SFTConfig in --training-args sets sft); estimate prices sft "
+                 "with TRL's fused LM head"),
 }
 ALIASES = {"--grad-accum": ["--gradient-accumulation-steps"], "--checkpointing": ["--gradient-checkpointing"]}
 FIELDS = [name for name, _ in SETUP_FLAGS.values()]
@@ -86,7 +87,6 @@ _ONE_MACHINE = "it runs every rank on this machine; --nodes prices a run across 
 NOT_USED: dict[str, dict[str, str]] = {
     "run": {"nodes": _ONE_MACHINE, "gpus_per_node": _ONE_MACHINE, "network": _ONE_MACHINE},
     "estimate": {
-        "engine": "it trains nothing; --engine picks who trains in trainmem run",
         "rank": "it predicts rank 0 of --gpus N --shard fsdp; --rank picks the rank trainmem run measures",
         "steps": "it models the steady step, whatever the run's length",
         "seed": "random weights and data take the same memory whatever their seed",

@@ -30,9 +30,10 @@ SFT_KINDS = {"max_length": "int", "packing": "bool", "padding_free": "bool", "ac
 
 def sft_values(fields: dict[str, Any]) -> dict[str, Any]:
     """The TrainSetup fields an SFTConfig's own fields set (its TrainingArguments fields are read as Trainer's):
-    `max_length` is the sequence length, and `packing` the pack data mode. Without `--data` every dummy row is
-    already `max_length` tokens, which is what a packed row holds, so the caller keeps `pack` only with data."""
-    values: dict[str, Any] = {"seq_len": fields["max_length"]}
+    SFTTrainer trains (`engine` sft: `run` trains with it, `estimate` prices its fused LM head), `max_length` is
+    the sequence length, and `packing` the pack data mode. Without `--data` every dummy row is already
+    `max_length` tokens, which is what a packed row holds, so the caller keeps `pack` only with data."""
+    values: dict[str, Any] = {"engine": "sft", "seq_len": fields["max_length"]}
     if fields["packing"]:
         values["data_mode"] = "pack"
     return values

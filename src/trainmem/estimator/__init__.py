@@ -26,7 +26,7 @@ from trainmem.hardware.gpus import CATALOG, GPU, find_gpu
 from trainmem.version import stamp
 
 from .breakdown import ADVICE, Breakdown
-from .memory import allocator, analytic, compose, runtime, sharded, sharding, states
+from .memory import allocator, analytic, compose, runtime, sharded, sharding, states, trlhead
 from .memory.simulate import model_builder, simulate_step, steady_start
 from .memory.hostvalues import ROUTING_BALANCED, ROUTING_FREE, UnknownValue
 from .time import comm
@@ -68,6 +68,9 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
     if method == "analytic" and setup.attention in cuda.FLASH_ATTENTIONS:
         raise SetupError([f"--method analytic: does not model --attention {setup.attention} (flash-attn's kernels are "
                           "priced by simulating the step); use --method simulate or auto"])
+    if method == "analytic" and setup.engine == "sft" and not setup.distributed:
+        raise SetupError(["--method analytic: does not model --engine sft (TRL's fused LM head is priced by "
+                          "simulating the step); use --method simulate or auto"])
     precision = setup.resolved_precision(spec, "cuda")
     method, why = _method(setup, method)
     notes = _setup_notes(spec, setup, why)
@@ -84,6 +87,8 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
                     "optimizer": states.optimizer(inv, setup.optimizer)}
     memory, phase, terms, reserved, method = _memory(spec, setup, precision, inv, model_states, method, notes,
                                                      runtime_card, step, compare=card is not None and not paged)
+    if setup.engine == "sft":
+        notes.append(trlhead.NOTE if method == "simulate" else trlhead.ANALYTIC_NOTE)
     if _grouped_experts(inv) and ROUTING_BALANCED not in notes:
         notes.append(ROUTING_FREE)
     if paged:
@@ -127,7 +132,9 @@ def _setup_notes(spec: ModelSpec, setup: TrainSetup, method_note: str | None) ->
                         if setup.hsdp else "")
                      + (f", {setup.offload} offloaded" if setup.offload != "none" else ""))
     if setup.kernels == "liger":
-        notes.append(f"--kernels liger: Liger's fused linear cross-entropy (no logits), RMSNorm, SwiGLU and RoPE "
+        kernels = ("RMSNorm, SwiGLU and RoPE (TRL's SFTTrainer turns Liger's fused cross-entropy off for its own "
+                   "head)" if setup.engine == "sft" else "fused linear cross-entropy (no logits), RMSNorm, SwiGLU and RoPE")
+        notes.append(f"--kernels liger: Liger's {kernels} "
                      f"priced from liger-kernel {cuda.LIGER_VERSION}'s sources; the step time is transformers' "
                      "modules', not Liger's kernels'")
     if spec.model_type in cuda.MAMBA_FAMILIES:

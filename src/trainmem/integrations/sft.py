@@ -4,8 +4,9 @@ The samples are trainmem's own (dummy rows or `--data`, padded or packed by `--d
 SFTTrainer already tokenized (`skip_prepare_dataset`), so TRL's collator only stacks and pads them: the same
 batches as the loop's, labels included. What TRL itself changes stays: its fused LM head (`add_fused_lm_head`)
 scores the labelled positions tile by tile and never builds the `(batch, seq_len, vocab)` logits, and with
-`use_liger_kernel` it turns Liger's fused linear cross-entropy off for its own head. The estimate prices
-transformers' logits (or Liger's), so the run says so in its notes.
+`use_liger_kernel` it turns Liger's fused linear cross-entropy off for its own head. The estimate of an sft setup
+prices that head as CUDA runs it (`estimator/memory/trlhead.py`); on the CPU, TRL folds each tile with torch ops
+instead of its Triton kernel, and the run says so in its notes.
 """
 
 from __future__ import annotations
@@ -18,10 +19,9 @@ from trainmem.config.specs import ModelSpec
 from trainmem.integrations.trainer import MemoryCallback, train_measured
 from trainmem.result import Result
 
-FUSED_HEAD_NOTE = ("--engine sft: TRL's SFTTrainer computes the loss through its fused LM head, which never holds "
-                   "the full logits; trainmem's estimate prices {what}, so its activations differ from this run's "
-                   "by that part")
-"""The part of TRL's training that the estimate does not model, said on every `--engine sft` result."""
+FUSED_HEAD_NOTE = ("--engine sft on the CPU: TRL's fused LM head folds each (tokens x vocabulary) tile with torch "
+                   "ops, whose temporaries a CUDA run (a Triton kernel) and so trainmem's estimate do not hold")
+"""The part of TRL's training that the estimate does not model, said on every `--engine sft` result on the CPU."""
 
 
 def _tokenizer(spec: ModelSpec, setup: TrainSetup, pad_id: int) -> Any:
@@ -64,8 +64,8 @@ def train_with_sft(spec: ModelSpec, setup: TrainSetup, device: str, precision: s
         trainer = SFTTrainer(model=model, args=args, train_dataset=rows,
                              processing_class=_tokenizer(spec, setup, pad_id))
         result = train_measured(trainer, callback, setup.replace(device=device, precision=precision))
-    what = "Liger's fused linear cross-entropy" if setup.kernels == "liger" else "transformers' full logits"
-    result.notes.append(FUSED_HEAD_NOTE.format(what=what))
+    if device == "cpu":
+        result.notes.append(FUSED_HEAD_NOTE)
     if setup.lr_note():
         result.notes.append(setup.lr_note())
     return result

@@ -202,10 +202,11 @@ def _norm_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def patched(model: torch.nn.Module, sms: int) -> Iterator[None]:
+def patched(model: torch.nn.Module, sms: int, loss: bool = True) -> Iterator[None]:
     """The model with Liger's kernels in, as `apply_liger_kernel_to_<family>(model=...)` puts them (a LoRA model:
     its base model's modules, which peft's layers sit inside), for the duration; `sms`: the card's SMs, the rows
-    of RMSNorm's partial weight gradient."""
+    of RMSNorm's partial weight gradient; `loss` False leaves the fused linear cross-entropy out, as TRL's
+    SFTTrainer does (`liger_kernel_config["fused_linear_cross_entropy"] = False`) for its own fused head."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     family = base.config.model_type
     decoder = getattr(base, base.base_model_prefix)
@@ -215,7 +216,8 @@ def patched(model: torch.nn.Module, sms: int) -> Iterator[None]:
     rotary = module.apply_rotary_pos_emb
     try:
         module.apply_rotary_pos_emb = _rotary
-        base.forward = MethodType(_lce_forward, base)
+        if loss:
+            base.forward = MethodType(_lce_forward, base)
         for norm in norms:
             norm.liger_sms = sms
             norm.forward = MethodType(_norm_forward, norm)

@@ -32,7 +32,7 @@ from trainmem.measure.accumulation import micro_batch_loss
 from trainmem.measure.ledger import StateBytes, TensorLedger, state_bytes
 from trainmem.measure.train import PROBE_STEPS
 
-from . import autocast, liger, mamba, quantized, states
+from . import autocast, liger, mamba, quantized, states, trlhead
 from .inplace import InPlace
 from .standins import cuda_choices
 
@@ -186,9 +186,12 @@ def _steps(build: Callable[[TensorLedger], Any], setup: TrainSetup, amp: Any, le
     batch = {"input_ids": ids, "labels": ids}
     tokens = setup.grad_accum * setup.batch_size * (setup.seq_len - 1)
     final = StateBytes(0, 0, 0)
-    kernels = liger.patched(model, sms) if setup.kernels == "liger" else contextlib.nullcontext()
+    sft = setup.engine == "sft"  # TRL's fused LM head; under Liger's kernels too, whose fused loss TRL turns off
+    kernels = liger.patched(model, sms, loss=not sft) if setup.kernels == "liger" else contextlib.nullcontext()
+    head = trlhead.patched(model) if sft else contextlib.nullcontext()
     mixers = mamba.patched(model, sms) if setup.mamba_path == "kernels" else contextlib.nullcontext()
-    with cuda_choices(setup.attention, flash, ledger.inplace, zeros=(ids,), sms=sms) as host, kernels, mixers, ledger:
+    with cuda_choices(setup.attention, flash, ledger.inplace, zeros=(ids,), sms=sms) as host, kernels, head, mixers, \
+            ledger:
         for step in range(1, STEPS + 1):
             ledger.inplace.enabled = step > PROBE_STEPS
             for k in range(1, setup.grad_accum + 1):
