@@ -166,6 +166,7 @@ def measure_deepspeed(spec: ModelSpec, setup: TrainSetup, device: str, precision
     """Rank `--rank` (or each in turn) of the `--gpus` N-rank ZeRO run, each under its own fake group."""
     from .fake_rank import ranks_of
 
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if device == "cuda" else "cpu")  # read at DeepSpeed's import
     import deepspeed.utils
 
     deepspeed.utils.logger.setLevel("WARNING")
