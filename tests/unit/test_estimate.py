@@ -375,7 +375,7 @@ def test_sharded_estimates_shrink_with_more_gpus_and_zero_runs_are_refused():
         estimate(spec, TrainSetup(gpus=4))
     with pytest.raises(SetupError, match="--offload params: only ZeRO-3 and FSDP"):
         estimate(spec, TrainSetup(gpus=4, shard="zero2", offload="params"))
-    with pytest.raises(SetupError, match="DeepSpeed is not installed"):
+    with pytest.raises(SetupError, match="add --engine deepspeed"):
         execute(ModelSpec.resolve("tiny-llama"), TrainSetup(gpus=2, shard="zero2", **TINY))
 
 

@@ -36,7 +36,7 @@ ATTENTIONS = ("auto", "sdpa", "eager", *FLASH_ATTENTIONS)
 LABELS = ("random", "copy")
 DATA_MODES = ("pad", "pack")
 DEVICES = ("auto", "cuda", "cpu")
-ENGINES = ("loop", "trainer", "sft")
+ENGINES = ("loop", "trainer", "sft", "deepspeed")
 KERNELS = ("none", "liger")
 ESTIMATORS = ("auto", "analytic", "simulate")
 """How `trainmem.estimate` predicts (defined here, torch-free, so that the CLI's help needs no estimator)."""
@@ -120,8 +120,9 @@ class TrainSetup:
     seed: int = 0
     """Seed of the random weights (presets and configs have none) and of the dummy data."""
     engine: str = "loop"
-    """Who trains: `loop` (trainmem's own loop), `trainer` (transformers.Trainer + MemoryCallback) or `sft` (TRL's
-    SFTTrainer + MemoryCallback, whose fused LM head never builds the full logits)."""
+    """Who trains: `loop` (trainmem's own loop), `trainer` (transformers.Trainer + MemoryCallback), `sft` (TRL's
+    SFTTrainer + MemoryCallback, whose fused LM head never builds the full logits) or `deepspeed` (DeepSpeed's
+    ZeRO engine around trainmem's loop, one rank through the fake group: `trainmem.measure.deepspeed`)."""
     gpus: int = 1
     """Data-parallel GPUs: estimated; run as CPU processes over gloo, or one rank through the fake group (`rank`)."""
     shard: str = "none"
@@ -138,8 +139,9 @@ class TrainSetup:
     """The link between nodes, per GPU (`trainmem.hardware.interconnect.NETWORKS`): what cross-node collectives
     are timed over."""
     rank: int | str | None = None
-    """Run: emulate this rank (0..gpus-1, or `all` in turn) of the `gpus`-rank FSDP2 run in one process
-    through PyTorch's fake process group (see `trainmem.measure.fake_rank`)."""
+    """Run: emulate this rank (0..gpus-1, or `all` in turn) of the `gpus`-rank FSDP2 run (or, with `engine`
+    deepspeed, ZeRO run) in one process through PyTorch's fake process group (see `trainmem.measure.fake_rank`
+    and `trainmem.measure.deepspeed`)."""
 
     # --- derived ----------------------------------------------------------------------------
     @property
@@ -295,6 +297,9 @@ class TrainSetup:
         choice("engine", self.engine, ENGINES)
         choice("shard", self.shard, SHARDS)
         choice("offload", self.offload, OFFLOADS)
+        if self.engine == "deepspeed" and not str(self.shard).startswith("zero"):
+            out.append(f"--engine deepspeed: runs a DeepSpeed ZeRO rank; add --shard zero1|zero2|zero3 (and --gpus N),"
+                       f" not --shard {self.shard}")
         if _whole(self.gpus) and self.gpus > 1 and self.shard == "none":
             out.append(f"--gpus {self.gpus}: say how states are spread with --shard ddp|zero1|zero2|zero3|fsdp")
         if self.gpus == 1 and self.shard in SHARDS[1:] and self.offload == "none":  # one GPU offloading is a use
@@ -434,9 +439,10 @@ class TrainSetup:
         if self.rank is None:
             return []
         out: list[str] = []
-        if not _whole(self.gpus) or self.gpus < 2 or self.shard != "fsdp":
+        zero = self.engine == "deepspeed" and str(self.shard).startswith("zero")
+        if not _whole(self.gpus) or self.gpus < 2 or not (self.shard == "fsdp" or zero):
             out.append(f"--rank {self.rank}: emulates one rank of a sharded run; needs --gpus N (N >= 2) and "
-                       "--shard fsdp")
+                       "--shard fsdp, or --engine deepspeed --shard zero1|zero2|zero3")
         if not _whole(self.gpus):
             return out
         if self.rank != "all":

@@ -1,5 +1,5 @@
 """Which engine runs an experiment in this process: trainmem's loop, `transformers.Trainer`, TRL's `SFTTrainer`,
-CPU ranks over gloo, or one FSDP2 rank through the fake process group.
+CPU ranks over gloo, or one FSDP2 rank (or DeepSpeed ZeRO rank) through the fake process group.
 
 Every engine measures with the stages of `trainmem.measure.stages`; this module only chooses between them, so it
 sits above all of them and none imports it back. `runner.run` calls `execute` in a fresh process (the
@@ -57,6 +57,10 @@ def execute_validated(spec: ModelSpec, setup: TrainSetup) -> Result:
     if problems:
         raise SetupError(problems)
     setup = setup.resolved(spec)
+    if setup.engine == "deepspeed":  # one ZeRO rank (or each in turn) through the fake process group
+        from trainmem.measure.deepspeed import measure_deepspeed
+
+        return measure_deepspeed(spec, setup, device, precision)
     if setup.shard == "fsdp" and (device == "cuda" or setup.rank is not None):
         # one rank (or each in turn) in this process through the fake process group: always on CUDA,
         # on the CPU when --rank asks for it

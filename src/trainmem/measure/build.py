@@ -62,21 +62,41 @@ def _cpu_runs(dtype: torch.dtype) -> bool:
         return False
 
 
+def _deepspeed_problems(setup: TrainSetup, precision: str, launched: bool) -> list[str]:
+    """What `--engine deepspeed` (`trainmem.measure.deepspeed`) cannot run here, each with its fix."""
+    out = []
+    if importlib.util.find_spec("deepspeed") is None:
+        out.append("--engine deepspeed: needs DeepSpeed, which is not installed (DS_BUILD_OPS=0 pip install "
+                   "deepspeed); or predict the rank with trainmem estimate")
+    if precision not in ("bf16", "amp-bf16", "fp32"):
+        out.append(f"--precision {precision}: the DeepSpeed engine runs bf16, amp-bf16 and fp32 (DeepSpeed's fp16 "
+                   "needs its own loss scaler); use --precision bf16")
+    if setup.peft == "qlora":
+        out.append("--peft qlora: the DeepSpeed engine does not run 4-bit weights; use --peft lora or none")
+    if launched:
+        out.append("--launch: the DeepSpeed engine runs one rank through the fake group; drop --launch")
+    return out
+
+
 def environment_problems(setup: TrainSetup, device: str, precision: str, launched: bool = False) -> list[str]:
     """Problems that depend on this machine: missing CUDA or bitsandbytes, dtypes the CPU lacks. `launched`: a
     rank under torchrun (`run --launch`), which has a GPU of its own, so DDP runs on CUDA too."""
     out: list[str] = []
     if setup.distributed:
         predict = f"predict them with trainmem estimate --gpus {setup.gpus} --shard {setup.shard}"
-        if setup.shard.startswith("zero"):
-            out.append(f"--shard {setup.shard}: measured ZeRO runs are not built yet (DeepSpeed is not "
-                       f"installed); {predict}")
+        deepspeed = setup.engine == "deepspeed"
+        if setup.shard.startswith("zero") and not deepspeed:
+            out.append(f"--shard {setup.shard}: a ZeRO rank is measured through DeepSpeed; add --engine deepspeed "
+                       f"(one rank through the fake group), or {predict}")
+        elif deepspeed:
+            out.extend(_deepspeed_problems(setup, precision, launched))
         elif device == "cuda" and setup.shard != "fsdp" and not launched:
             out.append(f"--gpus {setup.gpus} --device cuda --shard {setup.shard}: only FSDP2 ranks are emulated "
                        f"on one GPU (--shard fsdp); use --device cpu for gloo processes, --launch for N GPUs, "
                        f"or {predict}")
-        if setup.offload != "none":
-            out.append(f"--offload {setup.offload}: measured offload runs are not built yet; {predict}")
+        if setup.offload != "none" and not deepspeed:
+            out.append(f"--offload {setup.offload}: measured offload runs go through DeepSpeed; add --engine "
+                       f"deepspeed --shard zero1|zero2|zero3, or {predict}")
         if setup.engine in ("trainer", "sft"):
             out.append(f"--engine {setup.engine}: multi-process runs use the built-in loop; use --engine loop")
     row = OPTIMIZERS.get(setup.optimizer)

@@ -75,9 +75,13 @@ def _unique_bytes(tensors: Iterable[torch.Tensor]) -> int:
 
 
 def weight_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
-    """Parameters, buffers, and the quantization state of bitsandbytes 4-bit weights."""
+    """Parameters, buffers, the quantization state of bitsandbytes 4-bit weights, and the partition a
+    DeepSpeed ZeRO-3 rank keeps of each parameter (`ds_tensor`; the parameter itself is empty between gathers)."""
     out: list[torch.Tensor] = list(model.parameters()) + list(model.buffers())
     for p in model.parameters():
+        part = getattr(p, "ds_tensor", None)
+        if isinstance(part, torch.Tensor):
+            out.append(part)
         qs = getattr(p, "quant_state", None)
         if qs is not None:
             out += [t for t in (qs.absmax, qs.code) if isinstance(t, torch.Tensor)]

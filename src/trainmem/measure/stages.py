@@ -165,7 +165,8 @@ def notes(setup: TrainSetup, result: Result, log: TrainLog) -> list[str]:
 def measure(spec: ModelSpec, setup: TrainSetup, device: str, precision: str, batches: list,
             wrap: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
             follow: Callable[[TensorLedger], Any] | None = None, env: dict | None = None,
-            on_meta: bool = False) -> Result:
+            on_meta: bool = False,
+            make_optimizer: Callable[[torch.nn.Module], Any] | None = None) -> Result:
     """Build, train and measure on these micro-batches with trainmem's loop, in this process.
 
     Args:
@@ -175,6 +176,8 @@ def measure(spec: ModelSpec, setup: TrainSetup, device: str, precision: str, bat
         follow: a context, given the ledger, that lets it see storage the dispatcher does not (FSDP2's resizes).
         env: more environment for the row (backend, rank, world size).
         on_meta: build and wrap on the meta device, then materialise only what the wrapped model keeps (`load`).
+        make_optimizer: the wrapped model's optimizer, for a wrapper that makes its own (DeepSpeed's engine); else
+            `build_optimizer` over the trainable parameters.
     Returns:
         The row: status `ok`, `oom` (with `oom_record`) or `error` (with the traceback). A SetupError
         found while building is raised, not returned: it is the caller's input that is wrong.
@@ -205,7 +208,7 @@ def measure(spec: ModelSpec, setup: TrainSetup, device: str, precision: str, bat
             held["model"] = probe.model = model
             probe.end()
             result.model.update(described)
-            held["optimizer"] = optimizer = build_optimizer(model, setup)
+            held["optimizer"] = optimizer = (make_optimizer or (lambda m: build_optimizer(m, setup)))(model)
             ledger.adopt([p for p in model.parameters()] + list(model.buffers()))
             with emulation.kernels(card) if card is not None else contextlib.nullcontext():
                 train(model, optimizer, batches, setup, dev, probe, log, precision)

@@ -1,0 +1,73 @@
+"""One rank of a DeepSpeed ZeRO run, measured on one GPU through the fake process group (issue 40, item 3), beside
+trainmem's closed-form ZeRO estimate of the same setup: measured vs estimated peak_allocated and peak_reserved.
+
+    python benchmarks/zero_ranks_gpu.py OUT_DIR [INDEX ...]   # on a GPU with DeepSpeed importable
+
+Each rank runs as `trainmem run --device cuda --engine deepspeed --gpus N --shard zeroK --rank R` in a fresh
+process (`trainmem.isolation.runner.run`), 3 steps, up to 10 minutes; its row goes to OUT_DIR/zero-ranks.jsonl and
+a table of errors to OUT_DIR/zero-ranks.md (and the terminal). Chosen before any ran; the estimator is not tuned
+to them. DeepSpeed without its C++ ops: `DS_BUILD_OPS=0 pip install deepspeed` (the engine steps trainmem's own
+torch optimizer, so no fused or CPU Adam is compiled).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+CKPT = dict(checkpointing=True)
+RANKS: list[tuple[str, dict]] = [
+    ("qwen2.5-0.5b", dict(shard="zero1", gpus=2, precision="bf16", batch_size=4, seq_len=1024)),
+    ("qwen2.5-0.5b", dict(shard="zero2", gpus=4, precision="bf16", batch_size=4, seq_len=1024, rank=3)),
+    ("qwen2.5-0.5b", dict(shard="zero3", gpus=8, precision="bf16", batch_size=4, seq_len=1024, rank=5)),
+    ("qwen2.5-0.5b", dict(shard="zero2", gpus=4, precision="bf16", batch_size=4, seq_len=1024, offload="optimizer")),
+    ("llama-3.2-1b", dict(shard="zero1", gpus=8, precision="bf16", batch_size=2, seq_len=2048, **CKPT)),
+    ("llama-3.2-1b", dict(shard="zero2", gpus=2, precision="amp-bf16", batch_size=2, seq_len=1024, **CKPT)),
+    ("llama-3.2-1b", dict(shard="zero3", gpus=4, precision="bf16", batch_size=2, seq_len=2048, rank=1, **CKPT)),
+    ("llama-3.2-1b", dict(shard="zero3", gpus=8, precision="bf16", batch_size=2, seq_len=2048, offload="optimizer",
+                          **CKPT)),
+    ("qwen2.5-1.5b", dict(shard="zero3", gpus=8, precision="bf16", batch_size=2, seq_len=1024, offload="params")),
+    ("qwen2.5-1.5b", dict(shard="zero2", gpus=8, precision="bf16", batch_size=2, seq_len=1024, rank=7)),
+]
+"""Ten ranks over three dense presets: ZeRO-1/2/3, optimizer and parameter offload, worlds 2 to 8."""
+
+FIELDS = ("peak_allocated", "peak_reserved")
+
+
+def main(argv: list[str]) -> int:
+    from trainmem import ModelSpec, TrainSetup, estimate
+    from trainmem.isolation.runner import run
+
+    out_dir, picks = argv[0], [int(a) for a in argv[1:]] or range(len(RANKS))
+    os.makedirs(out_dir, exist_ok=True)
+    lines = ["| # | model | setup | field | measured MiB | estimated MiB | error % |", "|---|---|---|---|---|---|---|"]
+    with open(os.path.join(out_dir, "zero-ranks.jsonl"), "a") as rows:
+        for i in picks:
+            name, kw = RANKS[i]
+            spec = ModelSpec.resolve(name)
+            setup = TrainSetup(device="cuda", engine="deepspeed", steps=3, **kw)
+            t0 = time.time()
+            measured = run(spec, setup, timeout=600)
+            guess = estimate(spec, setup)
+            rows.write(json.dumps({"index": i, "measured": measured.to_dict(), "estimate": guess.memory,
+                                   "seconds": time.time() - t0}) + "\n")
+            words = " ".join(f"{k}={v}" for k, v in kw.items())
+            if measured.status != "ok":
+                lines.append(f"| {i} | {name} | {words} | {measured.status} | | | |")
+                print(i, name, words, measured.status, (measured.error or "")[-2000:], flush=True)
+                continue
+            for f in FIELDS:
+                m, e = measured.memory[f], guess.memory[f]
+                lines.append(f"| {i} | {name} | {words} | {f} | {m / 2**20:.0f} | {e / 2**20:.0f} | "
+                             f"{100 * (e - m) / m:+.1f} |")
+            print("\n".join(lines[-2:]), flush=True)
+    with open(os.path.join(out_dir, "zero-ranks.md"), "w") as md:
+        md.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,58 @@
+"""One rank of a DeepSpeed ZeRO run through the fake process group on CPU tensors (`trainmem.measure.deepspeed`):
+the rank's optimizer states are DeepSpeed's mixed-precision ones (fp32 master weights and Adam's two moments,
+12 bytes per trainable parameter, sharded over the world), its weights whole under ZeRO-1/2 and a 1/N partition
+under ZeRO-3. Skipped where DeepSpeed is not installed (CI does not install it)."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+from trainmem import ModelSpec, SetupError, TrainSetup
+from trainmem.isolation.engines import execute
+
+pytest.importorskip("deepspeed")
+
+SPEC = ModelSpec.resolve("tiny-llama")
+BASE = dict(batch_size=2, seq_len=32, steps=2, num_samples=8, device="cpu", precision="bf16", engine="deepspeed")
+ALIGN = 2 * 4 * 8  # DeepSpeed pads each rank's flat partition to an alignment (bytes here, fp32, per group)
+
+
+@pytest.mark.parametrize("shard,world,rank", [("zero1", 4, 1), ("zero2", 2, 0), ("zero3", 4, 3)])
+def test_a_zero_rank_keeps_its_share(shard, world, rank):
+    r = execute(SPEC, TrainSetup(gpus=world, shard=shard, rank=rank, **BASE))
+    assert r.status == "ok", r.error
+    assert not dist.is_initialized()
+    assert r.env["backend"] == "fake" and r.env["rank"] == rank and r.env["deepspeed"]
+    assert all(l == l for l in r.losses)  # finite: the step ran (DeepSpeed skips a step on a non-finite gradient)
+    psi = SPEC.parameter_count
+    ms = r.model_states
+    assert abs(ms["optimizer"] - 12 * psi // world) <= world * ALIGN
+    if shard == "zero3":
+        # within 1%: the norms (under stage3_param_persistence_threshold, 10 * hidden) stay whole, and buffers
+        assert abs(ms["weights"] - 2 * psi // world) <= 0.01 * 2 * psi // world
+    else:
+        assert ms["weights"] == 2 * psi + sum(b.numel() * b.element_size() for b in _buffers())
+    assert r.memory["peak_allocated"] >= sum(ms.values())
+
+
+def test_every_rank_in_turn_and_offload():
+    r = execute(SPEC, TrainSetup(gpus=2, shard="zero3", rank="all", offload="params", **BASE))
+    assert r.status == "ok", r.error
+    assert [row["rank"] for row in r.ranks] == [0, 1]
+
+
+def test_what_the_engine_refuses():
+    with pytest.raises(SetupError, match="--engine deepspeed: runs a DeepSpeed ZeRO rank"):
+        execute(SPEC, TrainSetup(gpus=2, shard="fsdp", **BASE))
+    with pytest.raises(SetupError, match="--precision fp16: the DeepSpeed engine"):
+        execute(SPEC, TrainSetup(gpus=2, shard="zero2", **{**BASE, "precision": "fp16"}))
+
+
+def _buffers():
+    from transformers import AutoModelForCausalLM
+    import torch
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(SPEC.hf_config(), dtype=torch.bfloat16)
+    return [b for b in model.buffers()]
