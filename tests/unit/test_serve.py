@@ -14,7 +14,7 @@ from starlette.testclient import TestClient  # noqa: E402
 import trainmem  # noqa: E402
 from trainmem.config.presets import PRESETS  # noqa: E402
 from trainmem.serve import create_app  # noqa: E402
-from trainmem.serve.answers import Workers  # noqa: E402
+from trainmem.serve.workers import Workers  # noqa: E402
 
 SAMPLE = Path(__file__).parents[1] / "data" / "chapter-sample.jsonl"
 TINY = {"model": "tiny-llama", "batch_size": "2", "seq_len": "32", "precision": "fp16", "card": "T4"}
