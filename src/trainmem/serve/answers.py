@@ -29,11 +29,11 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from .. import GPU, GPUS, SetupError
-from .inputs import Query, model_of, model_ref, read_query, resolve
+from .. import GPU, GPUS, SetupError, find_gpu
+from .inputs import DEFAULTS, Query, model_of, model_ref, read_query, resolve
 from .lookup import Lookups
 from .workers import KEEP, PLAN_TIMEOUT, SIMULATE_TIMEOUT, Workers, plan_job, simulate_job
 
@@ -81,9 +81,9 @@ class Waiting:
     future: Future
 
 
-def form_key(form: dict[str, str]) -> str:
-    """The cache key of a request's form, as sent (the card included: the chosen card is part of the answer)."""
-    return json.dumps(sorted(form.items()))
+def form_key(form: dict[str, str], card: bool = True) -> str:
+    """The cache key of a request's form, as sent, with or without the card it looks at."""
+    return json.dumps(sorted((k, v) for k, v in form.items() if card or k != "card"))
 
 
 class Answers:
@@ -125,7 +125,7 @@ class Answers:
         """The form's answer: at once, under no lock, when every part of it is cached; else `Waiting` for a
         hub id's lookup or for the first answer on the estimator thread. SetupError: the form's problems."""
         key = form_key(form)
-        q = self.queries.get(key)
+        q = self.known(form)
         if q is not None and self._ready(q):
             return self.estimate(q)
         model = model_of(form)
@@ -140,6 +140,12 @@ class Answers:
                            job)
         self.first.pop(key, None)
         return job.result()
+
+    def known(self, form: dict[str, str]) -> Query | None:
+        """The form's query if its setup was validated before (on any card: a change of card is no new setup)."""
+        q = self.queries.get(form_key(form, card=False))
+        card = find_gpu(form.get("card") or DEFAULTS["card"])
+        return None if q is None or card is None else replace(q, card=card.name)
 
     def _ready(self, q: Query) -> bool:
         """Whether `estimate(q)` would compute nothing in this process (every part of it cached)."""
@@ -159,7 +165,7 @@ class Answers:
         with self.estimator:
             self._import()
             q = read_query(form, self.spec)
-        self.queries[form_key(form)] = q
+        self.queries[form_key(form, card=False)] = q
         while len(self.queries) > KEEP:
             self.queries.popitem(last=False)
         return q

@@ -35,7 +35,7 @@ from starlette.staticfiles import StaticFiles
 
 from .. import SetupError
 from . import page
-from .answers import Answer, Answers, Waiting, form_key
+from .answers import Answer, Answers, Waiting
 from .inputs import BOUNDS, add_upload
 from .lookup import Lookups
 from .workers import SIMULATE_TIMEOUT, Workers, _problems
@@ -132,8 +132,7 @@ def create_app(processes: int = 2, warm: bool = True, simulate_timeout: float = 
                       "rows": [_row(r) for r in answer.rows]})
 
     async def retry(request: Request) -> Response:
-        form = dict(request.query_params)
-        q = state["answers"].queries.get(form_key(form))
+        q = state["answers"].known(dict(request.query_params))
         if q is None:
             raise Problems(["retry: this setup has not been answered here yet; ask for it first"], 409)
         return _json({"retried": state["answers"].retry(q)})

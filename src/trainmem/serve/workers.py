@@ -182,8 +182,14 @@ class Workers:
         self.kill()
 
     def _kill_workers(self) -> None:
+        """Kill the pool's workers: those that said their pid, and those still starting (the pool's own list of
+        its processes, a private attribute of ProcessPoolExecutor read only if it is there), which would
+        otherwise import torch and run a job nobody waits for."""
+        pids = set()
         while not self.pids.empty():
-            pid = self.pids.get_nowait()
+            pids.add(self.pids.get_nowait())
+        pids.update(p.pid for p in list((getattr(self.pool, "_processes", None) or {}).values()) if p.pid)
+        for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
