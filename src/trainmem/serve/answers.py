@@ -125,6 +125,10 @@ class Answers:
         """The form's answer: at once, under no lock, when every part of it is cached; else `Waiting` for a
         hub id's lookup or for the first answer on the estimator thread. SetupError: the form's problems."""
         key = form_key(form)
+        job = self.first.get(key)
+        if job is not None and job.done():  # its answer, computed once (a second estimate would count as a poll)
+            del self.first[key]
+            return job.result()
         q = self.known(form)
         if q is not None and self._ready(q):
             return self.estimate(q)
@@ -132,14 +136,11 @@ class Answers:
         looking = self.lookups.pending(model)
         if looking is not None:
             return Waiting(f"looking up {model}'s config.json on the Hugging Face Hub", looking)
-        job = self.first.get(key)
         if job is None:
+            for old in [k for k, j in self.first.items() if j.done()][:-KEEP or None]:  # answers nobody came back for
+                del self.first[old]
             job = self.first[key] = self.first_thread.submit(lambda: self.estimate(self.query(form)))
-        if not job.done():
-            return Waiting(f"working out the first answer for {model} (a new model's parameters are counted once)",
-                           job)
-        self.first.pop(key, None)
-        return job.result()
+        return Waiting(f"working out the first answer for {model} (a new model's parameters are counted once)", job)
 
     def known(self, form: dict[str, str]) -> Query | None:
         """The form's query if its setup was validated before (on any card: a change of card is no new setup)."""

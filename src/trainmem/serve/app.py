@@ -2,12 +2,13 @@
 
 Starlette, not Gradio or FastAPI: two small pure-Python packages (starlette, uvicorn) on top of what trainmem
 already installs, which start in well under a second on 2 cores, and a test client (`starlette.testclient`)
-that drives every route without a browser. The page is server-rendered HTML that a 150-line script
+that drives every route without a browser. The page is server-rendered HTML that a 170-line script
 (`static/serve.js`) refreshes as the form changes.
 
-Routes: `/` the page; `/api/estimate` every card's answer (HTML fragments + the rows as JSON);
-`/api/result.json` the same as a download; `/api/retry` runs a setup's timed-out simulations again; `/api/config` keeps an uploaded config.json; `/api/plan` runs
-`trainmem plan` for the chosen card; `/api/report` turns an uploaded JSONL into `trainmem report`'s page,
+Routes: `/` the page; `/api/estimate` every card's answer (HTML fragments + the rows as JSON), or what is
+being done while a lookup or a first answer is under way; `/api/result.json` the same as a download;
+`/api/retry` runs a setup's timed-out simulations again; `/api/config` keeps an uploaded config.json;
+`/api/plan` runs `trainmem plan` for the chosen card; `/api/report` turns an uploaded JSONL into `trainmem report`'s page,
 served at `/report/{id}`. Bad input is a 422 whose `problems` are the CLI's one-line messages; anything
 else that goes wrong is one line too, its traceback only in the server's log.
 """
