@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
+from html import escape
 from pathlib import Path
 
 import pytest
@@ -14,23 +16,32 @@ from starlette.testclient import TestClient  # noqa: E402
 import trainmem  # noqa: E402
 from trainmem.config.presets import PRESETS  # noqa: E402
 from trainmem.serve import create_app  # noqa: E402
-from trainmem.serve.answers import Workers  # noqa: E402
+from trainmem.serve.workers import Workers  # noqa: E402
 
 SAMPLE = Path(__file__).parents[1] / "data" / "chapter-sample.jsonl"
 TINY = {"model": "tiny-llama", "batch_size": "2", "seq_len": "32", "precision": "fp16", "card": "T4"}
 
 
 @pytest.fixture(scope="module")
-def client():
-    with TestClient(create_app(processes=1, warm=False), raise_server_exceptions=False) as c:
+def client():  # the Hub taken as reachable: a test that wants it offline says so
+    with TestClient(create_app(processes=1, warm=False, probe=lambda endpoint: None),
+                    raise_server_exceptions=False) as c:
         yield c
+
+
+def answered(client, params, seconds=120):
+    """Ask until the answer is in, not `waiting` for a lookup or a first answer (the page polls the same way)."""
+    end = time.monotonic() + seconds
+    while (got := client.get("/api/estimate", params=params)).status_code == 200 and got.json().get("waiting"):
+        assert time.monotonic() < end, got.json()["waiting"]
+    return got
 
 
 def settled(client, params, seconds=180):
     """Ask until the simulation of every runtime group is in (the page polls the same way)."""
     end = time.monotonic() + seconds
     while True:
-        got = client.get("/api/estimate", params=params)
+        got = answered(client, params)
         assert got.status_code == 200, got.text
         if not got.json()["pending"] or time.monotonic() > end:
             return got.json()
@@ -53,7 +64,7 @@ def test_the_page_has_the_form_and_every_card(client):
 
 
 def test_every_card_analytic_at_once_then_simulated(client):
-    first = client.get("/api/estimate", params=TINY).json()
+    first = answered(client, TINY).json()
     assert len(first["rows"]) == len(trainmem.GPUS) and first["groups"] == 3
     assert {r["method"] for r in first["rows"]} <= {"analytic", "simulate"}
     assert 'id="cards-table" data-batch="2"' in first["html"]["cards"]
@@ -77,27 +88,27 @@ def test_a_change_of_card_or_micro_batch_is_answered_from_the_cache(client):
     assert time.monotonic() - start < 1.0 and other["pending"] == 0  # nothing to compute: every card is known
     assert 'data-card="A100-40GB"' in other["html"]["breakdown"]
     start = time.monotonic()
-    more = client.get("/api/estimate", params={**TINY, "batch_size": "3"}).json()
+    more = answered(client, {**TINY, "batch_size": "3"}).json()
     print(f"micro-batch change: {time.monotonic() - start:.2f} s (analytic, simulation in the background)")
     assert more["batch_size"] == 3 and all(r["method"] in ("analytic", "simulate") for r in more["rows"])
 
 
 def test_bad_input_is_every_problem_at_once_one_line_each(client):
-    got = client.get("/api/estimate", params={**TINY, "batch_size": "abc", "seq_len": "999999", "peft": "x",
-                                              "precision": "bf16", "card": "T5"})
+    got = answered(client, {**TINY, "batch_size": "abc", "seq_len": "999999", "peft": "x", "precision": "bf16",
+                            "card": "T5"})
     assert got.status_code == 422
     problems = one_line_each(got.json()["problems"])
     text = " | ".join(problems)
     for expected in ("--batch-size: expected a whole number, got 'abc'", "--seq-len: at most 131072",
                      "--peft: 'x' is not one of none, lora, qlora", "--gpu: unknown card 'T5'"):
         assert expected in text
-    long = client.get("/api/estimate", params={**TINY, "seq_len": "4096"})  # the CLI's rule: the model's positions
+    long = answered(client, {**TINY, "seq_len": "4096"})  # the CLI's rule: the model's positions
     assert long.status_code == 422 and "--seq-len: 4096 is longer than tiny-llama's" in long.json()["problems"][0]
 
 
 @pytest.mark.parametrize("model", ["/etc/passwd", "../secrets", "~/model", "src/trainmem/../x", "a b"])
 def test_no_local_path_is_read(client, model):
-    got = client.get("/api/estimate", params={**TINY, "model": model})
+    got = answered(client, {**TINY, "model": model})
     assert got.status_code == 422 and "local paths are not read" in got.json()["problems"][0]
 
 
@@ -108,9 +119,9 @@ def test_a_hub_id_goes_to_the_hub_and_its_failure_is_one_line(client, monkeypatc
 
     monkeypatch.setattr(trainmem.ModelSpec, "from_hub_cache", classmethod(lambda cls, name: None))
     monkeypatch.setattr(trainmem.ModelSpec, "from_hub", classmethod(lambda cls, name: offline(name)))
-    got = client.get("/api/estimate", params={**TINY, "model": "someone/not-cached"})
+    got = answered(client, {**TINY, "model": "someone/not-cached"})
     assert got.status_code == 422 and "HF_HUB_OFFLINE" in one_line_each(got.json()["problems"])[0]
-    preset = client.get("/api/estimate", params={**TINY, "model": "EleutherAI/polyglot-ko-1.3b", "seq_len": "64"})
+    preset = answered(client, {**TINY, "model": "EleutherAI/polyglot-ko-1.3b", "seq_len": "64"})
     assert preset.status_code == 200  # a preset's hub id is the preset: no network
 
 
@@ -119,7 +130,7 @@ def test_an_uploaded_config_is_data_and_custom_code_is_refused(client):
     sent = client.post("/api/config", json={"name": "my config.json", "text": json.dumps(config)})
     model = sent.json()["model"]
     assert sent.status_code == 200 and model.startswith("upload:")
-    got = client.get("/api/estimate", params={**TINY, "model": model})
+    got = answered(client, {**TINY, "model": model})
     assert got.status_code == 200 and len(got.json()["rows"]) == len(trainmem.GPUS)
     refused = {"custom code": {**config, "auto_map": {"AutoModelForCausalLM": "modeling_evil.Evil"}},
                "unknown architecture": {**config, "model_type": "not-a-model"},
@@ -132,7 +143,7 @@ def test_an_uploaded_config_is_data_and_custom_code_is_refused(client):
     assert "not JSON" in client.post("/api/config", json={"text": "{model_type: llama"}).json()["problems"][0]
     huge = client.post("/api/config", json={"text": " " * (3 * 2**20)})
     assert huge.status_code == 413
-    gone = client.get("/api/estimate", params={**TINY, "model": "upload:0000000000000000"})
+    gone = answered(client, {**TINY, "model": "upload:0000000000000000"})
     assert "upload it again" in gone.json()["problems"][0]
 
 
@@ -194,7 +205,7 @@ def test_a_job_past_its_limit_is_killed_and_said_so():
         while (found := workers.result("slow", time.sleep, 60, limit=1.0, what="simulate")) is None:
             assert time.monotonic() < end
             time.sleep(0.2)
-        assert found == ("problems", ["simulate: stopped after 1 s (trainmem serve's limit a job)"])
+        assert found == ("timeout", ["simulate: stopped after 1 s (trainmem serve's limit a job)"])
         assert workers.result("quick", time.sleep, 0) is None  # a fresh pool takes the next job
     finally:
         workers.close()
@@ -215,7 +226,125 @@ def test_a_simulation_starts_when_the_page_asks_again(client):
     """A form changed key by key queues nothing: the setup's simulations start on its second ask (the poll)."""
     workers = client.app.state.serve["workers"]
     params = {**TINY, "model": "tiny-gpt-neox", "batch_size": "3"}
-    first = client.get("/api/estimate", params=params).json()
+    first = answered(client, params).json()
     assert first["pending"] == 3 and not [k for k in workers.jobs if '"batch_size": 3' in k and "gpt-neox" in k]
     client.get("/api/estimate", params=params)
     assert len([k for k in list(workers.jobs) + list(workers.done) if "tiny-gpt-neox" in k]) == 3
+
+
+def test_neither_a_pending_lookup_nor_a_first_answer_delays_a_cached_answer(client, monkeypatch):
+    """A hub id is looked up in its own threads and a new setup's first answer runs on the estimator thread:
+    while both are held, the page is told what is being done, and a setup seen before is answered at once."""
+    answers = client.app.state.serve["answers"]
+    answered(client, TINY)
+    slow_hub, slow_estimate = threading.Event(), threading.Event()
+
+    def hub(cls, name):
+        slow_hub.wait(30)
+        return trainmem.ModelSpec(name=name, config=dict(PRESETS["tiny-llama"]), source="hub")
+
+    def busy():
+        with answers.estimator:  # a new model's first answer, holding the estimator
+            slow_estimate.wait(30)
+
+    monkeypatch.setattr(trainmem.ModelSpec, "from_hub_cache", classmethod(lambda cls, name: None))
+    monkeypatch.setattr(trainmem.ModelSpec, "from_hub", classmethod(hub))
+    try:
+        answers.first_thread.submit(busy)
+        looking = client.get("/api/estimate", params={**TINY, "model": "someone/slow-config"}).json()
+        assert looking["pending"] and "looking up someone/slow-config" in looking["waiting"]
+        assert "spinner" in looking["html"]["status"] and "cards" not in looking["html"]
+        first = client.get("/api/estimate", params={**TINY, "batch_size": "5"}).json()
+        assert "first answer for tiny-llama" in first["waiting"]
+        for params in (TINY, {**TINY, "card": "L4"}):  # seen before; a change of card is no new setup
+            start = time.monotonic()
+            cached = client.get("/api/estimate", params=params)
+            print(f"cached answer while a lookup and a first answer wait: {time.monotonic() - start:.3f} s")
+            assert cached.status_code == 200 and "rows" in cached.json() and time.monotonic() - start < 0.5
+    finally:
+        slow_hub.set()
+        slow_estimate.set()
+    got = answered(client, {**TINY, "model": "someone/slow-config"})
+    assert got.status_code == 200 and 'data-model="someone/slow-config"' in got.json()["html"]["cards"]
+
+
+def test_a_hub_id_without_a_network_is_one_line_at_once(client, monkeypatch):
+    lookups = client.app.state.serve["answers"].lookups
+    monkeypatch.setattr(lookups, "probe", lambda endpoint: "Name or service not known")
+    monkeypatch.setattr(lookups, "offline", (0.0, ""))
+    monkeypatch.setattr(trainmem.ModelSpec, "from_hub_cache", classmethod(lambda cls, name: None))
+    monkeypatch.setattr(trainmem.ModelSpec, "from_hub", classmethod(lambda cls, name: pytest.fail("went to the Hub")))
+    for model in ("someone/offline-a", "someone/offline-b"):  # the second from the kept verdict
+        start = time.monotonic()
+        got = answered(client, {**TINY, "model": model})
+        assert got.status_code == 422 and time.monotonic() - start < 2.0
+        line = one_line_each(got.json()["problems"])[0]
+        assert f"--model: '{model}'" in line and "cannot be reached from it (Name or service not known)" in line
+
+
+def test_the_page_sends_a_model_on_enter_or_when_the_field_is_left(client):
+    """The script: the model field is committed on Enter, on leaving it, or on a pick from the list, never on a
+    keystroke (test_serve_browser drives it in Chromium); the table is greyed and named while replaced."""
+    js = client.get("/static/serve.js").text
+    assert 'e.key === "Enter") commitModel()' in js and 'addEventListener("blur", commitModel)' in js
+    assert 'if (!typed(e) && !picked(e)) later()' in js and 'k === "model" ? committed : v' in js
+    assert 'classList.toggle("replacing", on)' in js and "being replaced by the answer for" in js
+    assert ".replacing table" in client.get("/static/serve.css").text
+    page = client.get("/").text
+    assert 'id="replacing"' in page and "Enter to look up" in page
+    got = answered(client, TINY).json()["html"]["cards"]
+    assert "<caption>tiny-llama: micro-batch 2 x 1 accumulation, 32 tokens, full, fp16, adamw; one GPU</caption>" in got
+
+
+def test_the_reason_a_card_cannot_run_is_in_its_row(client):
+    got = answered(client, {**TINY, "precision": "bf16"}).json()
+    t4 = next(r for r in got["rows"] if r["card"] == "T4")
+    assert "no native bf16" in t4["problems"][0]
+    html = got["html"]["cards"]
+    row = html[html.index('<tr class="cannot chosen" data-card="T4"'):]
+    row = row[:row.index("</tr>")]
+    assert "can&#x27;t run" in row and f'<td class="why" colspan="5">{escape(t4["problems"][0])}</td>' in row
+
+
+def test_gpus_and_nodes_are_answered_per_rank(client):
+    params = {**TINY, "gpus": "4", "shard": "fsdp", "nodes": "2"}
+    got = answered(client, params).json()
+    assert got["ranks"] == 4 and got["groups"] == 1  # FSDP2 ranks: one simulated step for every card
+    spec = trainmem.ModelSpec.resolve("tiny-llama")
+    setup = trainmem.TrainSetup(batch_size=2, seq_len=32, precision="fp16", gpus=4, shard="fsdp", nodes=2)
+    for row in got["rows"]:  # one rank's estimate, as `trainmem estimate --gpus 4 --shard fsdp --nodes 2` gives
+        v = trainmem.estimate(spec, setup.replace(gpu=row["card"]), row["method"]).verdict(row["card"])
+        assert (row["level"], row["headroom"]) == (v["level"], v["headroom"]), row["card"]
+    single = answered(client, TINY).json()["rows"][0]
+    assert got["rows"][0]["need"] < single["need"]  # a rank holds a quarter of the states
+    assert "one rank of 4 (fsdp, 2 nodes x 2 GPUs) (HSDP" in got["html"]["cards"]
+    assert "(one rank of 4, " in got["html"]["breakdown"]
+    zero = answered(client, {**TINY, "gpus": "4", "shard": "zero3", "offload": "optimizer",
+                             "gpus_per_node": "2", "nodes": "2"}).json()
+    assert zero["groups"] == 0 and {r["method"] for r in zero["rows"]} == {"analytic"}
+    assert "one rank of 4 (zero3, optimizer offloaded, 2 nodes x 2 GPUs)" in zero["html"]["cards"]
+    bad = answered(client, {**TINY, "gpus": "4", "shard": "fsdp", "gpus_per_node": "3"})
+    assert bad.status_code == 422
+    assert one_line_each(bad.json()["problems"]) == ["--gpus 4: the world size, but --nodes 1 x --gpus-per-node 3 is "
+                                                     "3; drop --gpus or make them agree"]
+
+
+def test_a_timed_out_simulation_falls_back_to_the_analytic_row_with_a_retry():
+    with TestClient(create_app(processes=1, warm=False, simulate_timeout=0.01, probe=lambda endpoint: None),
+                    raise_server_exceptions=False) as c:
+        first = answered(c, TINY).json()
+        assert first["pending"] == 3 and first["timed_out"] == 0
+        end = time.monotonic() + 60
+        while (got := c.get("/api/estimate", params=TINY).json())["pending"]:  # the second ask starts them
+            assert time.monotonic() < end
+            time.sleep(0.05)
+        assert got["timed_out"] == 3 and {r["method"] for r in got["rows"]} == {"analytic"}
+        assert all(r["stopped"] == "simulate: stopped after 0.01 s (trainmem serve's limit a job)" for r in got["rows"])
+        assert got["html"]["cards"].count("simulation timed out</span>") == len(trainmem.GPUS)
+        assert 'id="retry"' in got["html"]["status"] and "retry with 0.02 s" in got["html"]["status"]
+        assert "stopped after 0.01 s" in got["html"]["breakdown"] and "analytic estimate" in got["html"]["breakdown"]
+        assert c.post("/api/retry", params=TINY).json() == {"retried": 3}
+        again = c.get("/api/estimate", params=TINY).json()
+        assert again["pending"] == 3 and again["timed_out"] == 0  # submitted again, each with twice the limit
+        assert sorted(c.app.state.serve["answers"].limits.values()) == [0.02] * 3
+        assert c.post("/api/retry", params={**TINY, "batch_size": "7"}).status_code == 409

@@ -159,3 +159,29 @@ def test_the_chapter_on_every_card_in_a_browser(page, tmp_path):
     page.wait_for_selector("#config-problems li.problem", timeout=30_000)
     assert "trust_remote_code" in page.inner_text("#config-problems")
     assert "Traceback" not in page.content()
+
+
+def test_a_hub_id_is_sent_on_enter_not_at_each_keystroke(page):
+    """Typing a hub id asks nothing; Enter sends it once, and its answer (here the Hub cannot be reached, or
+    has no such repository) is one line; the table it replaces is greyed and named meanwhile."""
+    page.fill("#model", "tiny-llama")
+    page.keyboard.press("Tab")  # leaving the field commits it
+    page.wait_for_selector('#cards-table[data-model="tiny-llama"]', timeout=120_000)
+    asked: list[str] = []
+    page.on("request", lambda r: asked.append(r.url) if "/api/estimate" in r.url else None)
+    page.click("#model")
+    page.fill("#model", "")
+    page.type("#model", "someone/no-such-model", delay=20)
+    page.wait_for_timeout(500)
+    assert not [u for u in asked if "no-such-model" in u or "someone" in u]  # no keystroke was sent
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#problems li.problem", timeout=60_000)
+    assert [u for u in asked if "someone%2Fno-such-model" in u]
+    assert "someone/no-such-model" in page.inner_text("#problems") and "Traceback" not in page.content()
+    page.fill("#model", "tiny-llama")
+    page.keyboard.press("Enter")
+    page.wait_for_selector('#cards-table[data-model="tiny-llama"]', timeout=60_000)
+    page.fill("#batch_size", "3")  # a new setup: the old table greyed and named until its answer is in
+    sync_api.expect(page.locator("#cards-table")).to_have_attribute("data-batch", "3", timeout=60_000)
+    assert page.locator("#cards.replacing").count() == 0 and page.locator("#replacing").is_hidden()
+    assert "micro-batch 3 x" in page.inner_text("#cards-table caption")

@@ -1,17 +1,22 @@
 """The answers the page shows, computed fast enough to feel live: analytic at once, simulate in the background.
 
-One setup asked on the page is answered for every catalog card at once. The answer comes in two passes:
-- at once (in the server's process, on its one estimator thread): the analytic estimate on every card
-  (`search.cards.estimate_cards(.., "analytic")`, milliseconds a card once the model's parameter
-  inventory is built) and each card's largest micro-batch (`largest_batches`, cached per setup without its
-  micro-batch, so a change of micro-batch or card costs only the first);
-- in the background (spawned worker processes, `Workers`), once the page asks for the same setup again (it
-  polls while anything is pending: a setup left alone for 0.8 s): the simulate method, one job per runtime
-  group (`search.cards.groups`: one simulated step serves every card of a group, each card then replays it
-  under its own cap), the chosen card's group first; each row says which method its numbers come from and
-  is swapped for the simulated one when its group is done. `plan` runs there too.
-Everything is cached per model and setup (`Answers`); a job past its time limit is killed with its process,
-so one slow request cannot hold the others, and its rows keep the analytic answer and say why.
+One setup asked on the page is answered for every catalog card at once (one rank's answer when the setup
+spans several GPUs, as `trainmem estimate --gpus N --shard S` gives it). The answer comes in passes:
+- a hub id's config.json, looked up in its own threads (`lookup.Lookups`), never holding another answer;
+- a new model or setup's first answer, on the server's one estimator thread (`first`): the analytic estimate
+  on every card (`search.cards.estimate_cards(.., "analytic")`, milliseconds a card once the model's
+  parameter inventory is built) and each card's largest micro-batch (`largest_batches`, cached per setup
+  without its micro-batch, so a change of micro-batch or card costs only the first);
+- in the background (spawned worker processes, `workers.Workers`), once the page asks for the same setup
+  again (it polls while anything is pending: a setup left alone for 0.8 s): the simulate method, one job per
+  runtime group (`search.cards.groups`: one simulated step serves every card of a group, each card then
+  replays it under its own cap), the chosen card's group first; each row says which method its numbers come
+  from and is swapped for the simulated one when its group is done. `plan` runs there too.
+`ask` answers a setup whose every part is cached at once, in the caller's thread and under no lock, so that
+neither a pending lookup nor a new model's first answer delays it; anything else it hands to a thread and
+returns as `Waiting` (the route waits a moment, then tells the page what is being done, and the page polls).
+A simulation past its time limit is killed with its process; its rows keep the analytic answer, marked so,
+and `retry` runs it again with twice the limit.
 
 The estimator thread is one thread because the estimator patches module functions while it counts kernels
 (`estimator.kernels`): two estimates at once in one process could leave a patch behind. Processes share nothing.
@@ -20,180 +25,17 @@ The estimator thread is one thread because the estimator patches module function
 from __future__ import annotations
 
 import json
-import multiprocessing
-import os
-import signal
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import CancelledError, Future, ProcessPoolExecutor
-from dataclasses import dataclass, field
-from functools import lru_cache
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from .. import GPU, GPUS, SetupError, TrainSetup
-from .inputs import Query, model_of, model_ref, read_query, resolve
-
-SIMULATE_TIMEOUT = 240.0
-"""Seconds a simulate job (one runtime group) may run: 2-25 s a setup up to 8B parameters on 2 cores, times
-the accumulation's micro-batches."""
-PLAN_TIMEOUT = 300.0
-"""Seconds a plan may run: its analytic search takes seconds, its two simulated finalists up to a minute."""
-KEEP = 512
-"""Answers kept per cache (oldest dropped first)."""
-
-
-# --- in the worker processes ----------------------------------------------------------------------------
-def _start(pids: Any) -> None:
-    """Worker initializer: say which process this is (so that a job past its deadline can be killed), yield the
-    CPU to the server's own process (the live answers come first: background work runs at a lower priority),
-    and import the estimator once, so that the first job does not pay for torch's import."""
-    pids.put(os.getpid())
-    if hasattr(os, "nice"):
-        os.nice(5)
-    import torch
-
-    import trainmem.estimator  # noqa: F401
-
-    torch.set_num_threads(1)  # meta tensors compute nothing; the server's other process needs the other core
-
-
-@lru_cache(maxsize=16)
-def _spec(ref: tuple[str, ...]) -> Any:
-    return resolve(ref)
-
-
-def _problems(e: BaseException) -> list[str]:
-    """An exception as the page's one-line messages (a SetupError's own lines; anything else in one line)."""
-    if isinstance(e, SetupError):
-        return e.problems
-    text = (str(e).strip().splitlines() or [""])[0][:300]
-    return [f"internal error ({type(e).__name__}): {text}" if text else f"internal error ({type(e).__name__})"]
-
-
-def simulate_job(ref: tuple[str, ...], setup: dict[str, Any], cards: list[str]) -> tuple[str, Any]:
-    """The simulate method on `cards` (one runtime group): ('ok', card -> Breakdown or its problems)."""
-    from trainmem.search.cards import estimate_cards
-
-    try:
-        found = estimate_cards(_spec(ref), TrainSetup.from_dict(setup), cards, "simulate")
-    except Exception as e:  # noqa: BLE001 (the page gets one line, the log the traceback)
-        import traceback
-
-        traceback.print_exc()
-        return "problems", _problems(e)
-    return "ok", {k: (v.problems if isinstance(v, SetupError) else v) for k, v in found.items()}
-
-
-def plan_job(ref: tuple[str, ...], setup: dict[str, Any], target: int, allow: tuple[str, ...]) -> tuple[str, Any]:
-    """`trainmem plan` for `setup.gpu`: ('ok', Plan.to_dict()) or ('problems', lines)."""
-    from .. import make_plan
-
-    try:
-        plan = make_plan(_spec(ref), TrainSetup.from_dict(setup), target, allow=allow)
-    except Exception as e:  # noqa: BLE001
-        import traceback
-
-        traceback.print_exc()
-        return "problems", _problems(e)
-    return "ok", plan.to_dict()
-
-
-# --- in the server's process ----------------------------------------------------------------------------
-@dataclass
-class Job:
-    future: Future
-    limit: float
-    what: str
-    started: float | None = None
-
-
-class Workers:
-    """Slow jobs in spawned processes (not forked: the server runs threads), `processes` at a time. A job past
-    its limit kills every worker (a process pool cannot stop one task): the others' jobs are lost too and
-    are submitted again by the next request that wants them."""
-
-    def __init__(self, processes: int = 2):
-        self.processes = processes
-        self.lock = threading.Lock()
-        self.jobs: dict[str, Job] = {}
-        self.done: OrderedDict[str, tuple[str, Any]] = OrderedDict()
-        self._pool()
-
-    def _pool(self) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.pids = context.Queue()
-        self.pool = ProcessPoolExecutor(self.processes, mp_context=context, initializer=_start, initargs=(self.pids,))
-
-    def result(self, key: str, fn: Callable[..., tuple[str, Any]], *args: Any, limit: float = SIMULATE_TIMEOUT,
-               what: str = "simulate", submit: bool = True) -> tuple[str, Any] | None:
-        """The job's answer, None while it runs (or, with `submit` False, before it was submitted)."""
-        from concurrent.futures.process import BrokenProcessPool
-
-        with self.lock:
-            self.reap()
-            if key in self.done:
-                return self.done[key]
-            job = self.jobs.get(key)
-            if job is None:
-                if submit:
-                    self.jobs[key] = Job(self.pool.submit(fn, *args), limit, what)
-                return None
-            if not job.future.done():
-                return None
-            del self.jobs[key]
-            try:
-                answer = job.future.result()
-            except (BrokenProcessPool, CancelledError):  # killed with another job's workers: run it again
-                self.jobs[key] = Job(self.pool.submit(fn, *args), limit, what)
-                return None
-            except Exception as e:  # noqa: BLE001 (e.g. an answer that could not be sent back)
-                answer = ("problems", [f"{what}: {_problems(e)[0]}"])
-            self._keep(key, answer)
-            return answer
-
-    def _keep(self, key: str, answer: tuple[str, Any]) -> None:
-        self.done[key] = answer
-        while len(self.done) > KEEP:
-            self.done.popitem(last=False)
-
-    def reap(self) -> None:
-        """Kill the workers where a job has run past its limit (timed from when it started running); its
-        answer is a one-line message."""
-        now = time.monotonic()
-        late = []
-        for key, job in self.jobs.items():
-            if job.started is None and job.future.running():
-                job.started = now
-            if job.started is not None and now - job.started > job.limit and not job.future.done():
-                late.append(key)
-        if not late:
-            return
-        for key in late:
-            job = self.jobs.pop(key)
-            stopped = f"{job.what}: stopped after {job.limit:.0f} s (trainmem serve's limit a job)"
-            self._keep(key, ("problems", [stopped]))
-        self.kill()
-
-    def _kill_workers(self) -> None:
-        while not self.pids.empty():
-            pid = self.pids.get_nowait()
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    def kill(self) -> None:
-        """Kill the worker processes and start a new pool."""
-        self._kill_workers()
-        self.pool.shutdown(wait=False, cancel_futures=True)
-        self._pool()
-
-    def close(self) -> None:
-        """Kill the workers (a running simulation is not worth waiting for) and wait for the pool to wind up."""
-        self._kill_workers()
-        self.pool.shutdown(wait=True, cancel_futures=True)
-
+from .. import GPU, GPUS, SetupError, find_gpu
+from .inputs import DEFAULTS, Query, model_of, model_ref, read_query, resolve
+from .lookup import Lookups
+from .workers import KEEP, PLAN_TIMEOUT, SIMULATE_TIMEOUT, Workers, plan_job, simulate_job
 
 @dataclass
 class Row:
@@ -203,10 +45,12 @@ class Row:
     answer: Any
     """The card's Breakdown, or its problems (a list of lines), or None while nothing is known yet."""
     method: str
-    """`analytic`, `simulate`, or `pending`."""
+    """`analytic`, `simulate`, `pending`, or `stopped` (its simulation failed and there is no analytic answer)."""
     max_batch: int | None = None
     smallest: bool = False
     """The smallest card (by capacity) on which the setup fits: the cheapest, capacity standing for price."""
+    stopped: str | None = None
+    """Why the row is not simulated though its setup is: its group's simulation timed out or failed (one line)."""
 
 
 @dataclass
@@ -219,17 +63,44 @@ class Answer:
     problems: list[str] = field(default_factory=list)
     """Jobs that failed, one line each (their rows keep the analytic answer)."""
     seconds: float = 0.0
+    timed_out: int = 0
+    """Runtime groups whose simulation ran past its limit (their rows analytic, marked; `Answers.retry`)."""
+    retry_limit: float = 0.0
+    """The limit a retry of those groups runs under, in seconds."""
 
     @property
     def chosen(self) -> Row:
         return next(r for r in self.rows if r.card.name == self.query.card)
 
 
+@dataclass
+class Waiting:
+    """A setup whose answer is being worked out: what is being done (one line) and the work's future."""
+
+    what: str
+    future: Future
+
+
+def form_key(form: dict[str, str], card: bool = True) -> str:
+    """The cache key of a request's form, as sent, with or without the card it looks at."""
+    return json.dumps(sorted((k, v) for k, v in form.items() if card or k != "card"))
+
+
 class Answers:
     """The page's answers, cached per model and setup."""
 
-    def __init__(self, workers: Workers):
+    def __init__(self, workers: Workers, timeout: float = SIMULATE_TIMEOUT, lookups: Lookups | None = None):
         self.workers = workers
+        self.timeout = timeout
+        """Seconds a runtime group's simulation may run (a retry doubles it, per group: `limits`)."""
+        self.limits: dict[str, float] = {}
+        self.lookups = lookups or Lookups()
+        self.lookups.before = self._import
+        self.first_thread = ThreadPoolExecutor(1, thread_name_prefix="trainmem-estimator")
+        self.first: dict[str, Future] = {}
+        """A form's first answer while it is worked out on the estimator thread."""
+        self.queries: OrderedDict[str, Query] = OrderedDict()
+        """Forms validated before: a form seen again is not validated again."""
         self.cache: OrderedDict[str, Any] = OrderedDict()
         self.estimator = threading.RLock()
         """Held by everything in this process that touches transformers or the estimator (see the module's
@@ -250,27 +121,90 @@ class Answers:
             self.cache.popitem(last=False)
         return self.cache[key]
 
-    def query(self, form: dict[str, str]) -> Query:
-        """The request read and validated (`inputs.read_query`): its model fetched first, outside the estimator
-        lock (a hub id goes to the network), then validated under it (validation builds a meta model)."""
+    def ask(self, form: dict[str, str]) -> Answer | Waiting:
+        """The form's answer: at once, under no lock, when every part of it is cached; else `Waiting` for a
+        hub id's lookup or for the first answer on the estimator thread. SetupError: the form's problems."""
+        key = form_key(form)
+        job = self.first.get(key)
+        if job is not None and job.done():  # its answer, computed once (a second estimate would count as a poll)
+            del self.first[key]
+            return job.result()
+        q = self.known(form)
+        if q is not None and self._ready(q):
+            return self.estimate(q)
         model = model_of(form)
-        try:
-            self.spec(model)
-        except SetupError:
-            pass  # read_query reports it with the rest
+        looking = self.lookups.pending(model)
+        if looking is not None:
+            return Waiting(f"looking up {model}'s config.json on the Hugging Face Hub", looking)
+        if job is None:
+            for old in [k for k, j in self.first.items() if j.done()][:-KEEP or None]:  # answers nobody came back for
+                del self.first[old]
+            job = self.first[key] = self.first_thread.submit(lambda: self.estimate(self.query(form)))
+        return Waiting(f"working out the first answer for {model} (a new model's parameters are counted once)", job)
+
+    def known(self, form: dict[str, str]) -> Query | None:
+        """The form's query if its setup was validated before (on any card: a change of card is no new setup)."""
+        q = self.queries.get(form_key(form, card=False))
+        card = find_gpu(form.get("card") or DEFAULTS["card"])
+        return None if q is None or card is None else replace(q, card=card.name)
+
+    def _ready(self, q: Query) -> bool:
+        """Whether `estimate(q)` would compute nothing in this process (every part of it cached)."""
+        from trainmem.search.cards import simulates
+
+        key = q.key
+        if f"knows {key}" not in self.cache:
+            return False
+        needed = [f"groups {key}"] if simulates(q.setup, "auto") else []
+        if self.cache[f"knows {key}"]:
+            needed += [f"analytic {key}", f"largest {_unbatched(q)}"]
+        return all(k in self.cache for k in needed)
+
+    def query(self, form: dict[str, str]) -> Query:
+        """The request read and validated (`inputs.read_query`) under the estimator lock (validation builds a
+        meta model), its hub id looked up already (`lookups`); kept, so that the same form is read once."""
+        with self.estimator:
+            self._import()
+            q = read_query(form, self.spec)
+        self.queries[form_key(form, card=False)] = q
+        while len(self.queries) > KEEP:
+            self.queries.popitem(last=False)
+        return q
+
+    def _import(self) -> None:
+        """transformers' lazy module fails when two threads import it first at once ("cannot import name
+        'CONFIG_MAPPING'", seen on a fresh server): the first to need it imports it alone."""
+        if self.imported:
+            return
         with self.estimator:
             if not self.imported:
-                # transformers' lazy module fails when two threads import it first at once ("cannot import name
-                # 'CONFIG_MAPPING'", seen on a fresh server): the first request imports it alone
                 import transformers  # noqa: F401
                 from transformers import CONFIG_MAPPING, AutoModelForCausalLM  # noqa: F401
 
                 import trainmem.estimator  # noqa: F401
                 self.imported = True
-            return read_query(form, self.spec)
 
     def spec(self, model: str) -> Any:
+        if self.lookups.needed(model):
+            return self.lookups.spec(model)
         return self._cached(f"spec {model}", lambda: resolve(model_ref(model)), self.specs)
+
+    def retry(self, q: Query) -> int:
+        """Run the query's timed-out simulations again, each with twice its last limit; how many."""
+        again = 0
+        for key in self._group_keys(q):
+            if (self.workers.done.get(key) or ("",))[0] == "timeout":
+                self.limits[key] = 2 * self.limits.get(key, self.timeout)
+                self.workers.forget(key)
+                again += 1
+        return again
+
+    def _group_keys(self, q: Query) -> list[str]:
+        return [f"simulate {q.key} {[c.name for c in group]}" for group in self.cache.get(f"groups {q.key}", [])]
+
+    def close(self) -> None:
+        self.first_thread.shutdown(wait=False, cancel_futures=True)
+        self.lookups.close()
 
     def estimate(self, q: Query) -> Answer:
         """Every card's answer for the query's setup: simulated where its group is done, else analytic."""
@@ -287,11 +221,11 @@ class Answers:
         knows = self._cached(f"knows {key}", lambda: analytic_knows(q.spec, q.setup))
         quick = (self._cached(f"analytic {key}", lambda: estimate_cards(q.spec, q.setup, None, "analytic"))
                  if knows else {})
-        unbatched = json.dumps([q.model, q.setup.replace(batch_size=1).to_dict()], sort_keys=True)
-        largest = self._cached(f"largest {unbatched}", lambda: largest_batches(q.spec, q.setup)) if knows else {}
+        largest = self._cached(f"largest {_unbatched(q)}", lambda: largest_batches(q.spec, q.setup)) if knows else {}
         simulated: dict[str, Any] = {}
+        stopped: dict[str, str] = {}
         problems: list[str] = []
-        pending = 0
+        pending = timed_out = 0
         grouped: list[list[GPU]] = []
         again = key in self.asked
         self.asked[key] = None
@@ -302,26 +236,32 @@ class Answers:
             grouped = sorted(grouped, key=lambda g: all(c.name != q.card for c in g))  # the chosen card's first
             for group in grouped:
                 names = [c.name for c in group]
-                found = self.workers.result(f"simulate {key} {names}", simulate_job, model_ref(q.model),
-                                            q.setup.to_dict(), names, submit=again)
+                job = f"simulate {key} {names}"
+                found = self.workers.result(job, simulate_job, model_ref(q.model), q.setup.to_dict(), names,
+                                            submit=again, limit=self.limits.get(job, self.timeout))
                 if found is None:
                     pending += 1
                 elif found[0] == "ok":
                     simulated.update(found[1])
                 else:
                     problems += found[1]
+                    timed_out += found[0] == "timeout"
+                    stopped.update((name, found[1][0]) for name in names)
         rows = []
         for card in GPUS.values():
             got = simulated.get(card.name)
             answer = got if got is not None else quick.get(card.name)
-            method = "simulate" if got is not None else "analytic" if answer is not None else "pending"
+            method = ("simulate" if got is not None else "analytic" if answer is not None
+                      else "stopped" if card.name in stopped else "pending")
             if isinstance(answer, SetupError):
                 answer = answer.problems
-            rows.append(Row(card, answer, method, largest.get(card.name)))
+            rows.append(Row(card, answer, method, largest.get(card.name), stopped=stopped.get(card.name)))
         fitting = [r for r in rows if not isinstance(r.answer, (list, type(None))) and r.answer.fits(r.card)]
         if fitting:
             min(fitting, key=lambda r: r.card.capacity).smallest = True
-        return Answer(q, rows, pending, len(grouped), list(dict.fromkeys(problems)), time.monotonic() - start)
+        limit = max([self.limits.get(k, self.timeout) for k in self._group_keys(q)] or [self.timeout])
+        return Answer(q, rows, pending, len(grouped), list(dict.fromkeys(problems)), time.monotonic() - start,
+                      timed_out, 2 * limit)
 
     def plan(self, q: Query, target: int, allow: tuple[str, ...]) -> tuple[str, Any] | None:
         """`trainmem plan` on the chosen card, in a worker; None while it searches."""
@@ -331,4 +271,9 @@ class Answers:
                                    what="plan")
 
 
-__all__ = ["Answers", "Answer", "Row", "Workers", "simulate_job", "plan_job", "SIMULATE_TIMEOUT", "PLAN_TIMEOUT"]
+def _unbatched(q: Query) -> str:
+    """The key of the query's setup without its micro-batch (the largest micro-batches are searched once)."""
+    return json.dumps([q.model, q.setup.replace(batch_size=1).to_dict()], sort_keys=True)
+
+
+__all__ = ["Answers", "Answer", "Row", "Waiting", "form_key"]

@@ -2,12 +2,13 @@
 
 Starlette, not Gradio or FastAPI: two small pure-Python packages (starlette, uvicorn) on top of what trainmem
 already installs, which start in well under a second on 2 cores, and a test client (`starlette.testclient`)
-that drives every route without a browser. The page is server-rendered HTML that a 150-line script
+that drives every route without a browser. The page is server-rendered HTML that a 170-line script
 (`static/serve.js`) refreshes as the form changes.
 
-Routes: `/` the page; `/api/estimate` every card's answer (HTML fragments + the rows as JSON);
-`/api/result.json` the same as a download; `/api/config` keeps an uploaded config.json; `/api/plan` runs
-`trainmem plan` for the chosen card; `/api/report` turns an uploaded JSONL into `trainmem report`'s page,
+Routes: `/` the page; `/api/estimate` every card's answer (HTML fragments + the rows as JSON), or what is
+being done while a lookup or a first answer is under way; `/api/result.json` the same as a download;
+`/api/retry` runs a setup's timed-out simulations again; `/api/config` keeps an uploaded config.json;
+`/api/plan` runs `trainmem plan` for the chosen card; `/api/report` turns an uploaded JSONL into `trainmem report`'s page,
 served at `/report/{id}`. Bad input is a 422 whose `problems` are the CLI's one-line messages; anything
 else that goes wrong is one line too, its traceback only in the server's log.
 """
@@ -35,11 +36,16 @@ from starlette.staticfiles import StaticFiles
 
 from .. import SetupError
 from . import page
-from .answers import Answers, Workers, _problems
+from .answers import Answer, Answers, Waiting
 from .inputs import BOUNDS, add_upload
+from .lookup import Lookups
+from .workers import SIMULATE_TIMEOUT, Workers, _problems
 
 QUICK_TIMEOUT = 60.0
-"""Seconds the server waits for the analytic answer (a new hub model: its config fetched, its inventory built)."""
+"""Seconds the server waits for a request's work in its threads (a plan's validation, an upload, a report)."""
+FIRST_WAIT = 1.0
+"""Seconds an answer waits for a hub id's lookup or a new setup's first answer before it says what is being
+done instead (the page asks again 0.8 s later): no request is held longer, and none holds another."""
 MAX_ROWS_BYTES = 8 * 2**20
 """Largest JSONL accepted for the measured-result view (a 300-point sweep is about 1 MiB)."""
 REPORTS = 16
@@ -63,9 +69,12 @@ def _json(data: Any, status: int = 200) -> JSONResponse:
     return JSONResponse(data, status_code=status, headers={"Cache-Control": "no-store"})
 
 
-def create_app(processes: int = 2, warm: bool = True) -> Starlette:
+def create_app(processes: int = 2, warm: bool = True, simulate_timeout: float = SIMULATE_TIMEOUT,
+               probe: Callable[[str], str | None] | None = None) -> Starlette:
     """The app; `processes` worker processes simulate and plan; `warm` answers the page's first setup at
-    start-up (its simulations start the workers), so the first visitor finds it ready."""
+    start-up (its simulations start the workers), so the first visitor finds it ready; `simulate_timeout`
+    bounds a runtime group's simulation (seconds); `probe(endpoint)` says why the Hub cannot be reached
+    (`lookup.unreachable`; tests pass their own)."""
     threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="trainmem-serve")
     reports: OrderedDict[str, str] = OrderedDict()
     state: dict[str, Any] = {}
@@ -73,10 +82,11 @@ def create_app(processes: int = 2, warm: bool = True) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state["workers"] = Workers(processes)
-        state["answers"] = Answers(state["workers"])
+        state["answers"] = Answers(state["workers"], simulate_timeout, Lookups(probe))
         if warm:  # the page's first setup, answered before anyone asks (its simulations start the workers)
             threads.submit(_quietly, lambda: state["answers"].estimate(state["answers"].query({})))
         yield
+        state["answers"].close()
         state["workers"].close()
         threads.shutdown(wait=False, cancel_futures=True)
 
@@ -90,21 +100,48 @@ def create_app(processes: int = 2, warm: bool = True) -> Starlette:
     def query(form: dict[str, str]) -> Any:
         return state["answers"].query(form)
 
+    async def answer_of(form: dict[str, str]) -> Answer | Waiting:
+        """`Answers.ask` in the event loop (a cached answer is computed at once, under no lock), waiting up
+        to `FIRST_WAIT` for a lookup or a first answer before saying what is being done."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + FIRST_WAIT
+        while True:
+            found = state["answers"].ask(form)
+            if not isinstance(found, Waiting) or loop.time() >= end:
+                return found
+            try:
+                await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(found.future)), end - loop.time())
+            except asyncio.TimeoutError:
+                return found
+            except Exception:  # noqa: BLE001 (the next ask raises it, as the request's answer)
+                pass
+
     async def home(request: Request) -> Response:
         return HTMLResponse(page.page(), headers={"Content-Security-Policy": PAGE_POLICY})
 
     async def estimate(request: Request) -> Response:
-        form = dict(request.query_params)
-        answer = await off_loop(lambda: state["answers"].estimate(query(form)))
+        answer = await answer_of(dict(request.query_params))
+        if isinstance(answer, Waiting):
+            return _json({"pending": True, "waiting": answer.what, "problems": [],
+                          "html": {"status": page.waiting(answer.what)}})
+        s = answer.query.setup
         return _json({"pending": answer.pending, "groups": answer.groups, "problems": answer.problems,
-                      "card": answer.query.card, "batch_size": answer.query.setup.batch_size,
+                      "card": answer.query.card, "batch_size": s.batch_size, "ranks": s.gpus,
+                      "timed_out": answer.timed_out,
                       "html": {"cards": page.cards_table(answer), "breakdown": page.breakdown(answer),
                                "status": page.status(answer)},
                       "rows": [_row(r) for r in answer.rows]})
 
+    async def retry(request: Request) -> Response:
+        q = state["answers"].known(dict(request.query_params))
+        if q is None:
+            raise Problems(["retry: this setup has not been answered here yet; ask for it first"], 409)
+        return _json({"retried": state["answers"].retry(q)})
+
     async def result(request: Request) -> Response:
-        form = dict(request.query_params)
-        answer = await off_loop(lambda: state["answers"].estimate(query(form)))
+        answer = await answer_of(dict(request.query_params))
+        if isinstance(answer, Waiting):
+            raise Problems([f"the server is still {answer.what}; download again in a moment"], 503)
         chosen = answer.chosen
         body = {"model": answer.query.model, "card": answer.query.card, "setup": answer.query.setup.to_dict(),
                 "pending": answer.pending, "cards": [_row(r) for r in answer.rows],
@@ -155,6 +192,7 @@ def create_app(processes: int = 2, warm: bool = True) -> Starlette:
 
     routes = [Route("/", home), Route("/api/estimate", estimate), Route("/api/result.json", result),
               Route("/api/config", config, methods=["POST"]), Route("/api/plan", plan),
+              Route("/api/retry", retry, methods=["POST"]),
               Route("/api/report", report, methods=["POST"]), Route("/report/{key}", stored_report),
               Route("/healthz", health),
               Mount("/static", StaticFiles(directory=Path(__file__).parent / "static"), name="static")]
@@ -168,7 +206,7 @@ def create_app(processes: int = 2, warm: bool = True) -> Starlette:
 def _row(r: Any) -> dict[str, Any]:
     """A card's row as data: the verdict (or the problems), the largest micro-batch, the time, the method."""
     out: dict[str, Any] = {"card": r.card.name, "capacity": r.card.capacity, "method": r.method,
-                           "max_batch": r.max_batch, "smallest_that_fits": r.smallest}
+                           "max_batch": r.max_batch, "smallest_that_fits": r.smallest, "stopped": r.stopped}
     if isinstance(r.answer, list):
         out["problems"] = r.answer
     elif r.answer is not None:

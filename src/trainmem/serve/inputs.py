@@ -21,8 +21,8 @@ from typing import Any
 from .. import PRESETS, ModelSpec, SetupError, TrainSetup, find_gpu
 from ..config.optimizers import OPTIMIZERS
 
-BOUNDS = {"batch_size": 1024, "grad_accum": 64, "seq_len": 131072, "lora_r": 1024, "gpus": 64,
-          "target": 4096}
+BOUNDS = {"batch_size": 1024, "grad_accum": 64, "seq_len": 131072, "lora_r": 1024, "gpus": 64, "nodes": 64,
+          "gpus_per_node": 64, "target": 4096}
 """The largest value a request may ask for: the simulate method steps through every micro-batch of a
 step (3 x accumulation forward/backward passes), so these keep one request within the job time limit."""
 MAX_LAYERS = 160
@@ -34,11 +34,14 @@ MAX_UPLOADS = 64
 CHOICES = {"peft": ("none", "lora", "qlora"),
            "precision": ("auto", "fp32", "fp16", "bf16", "amp-bf16", "amp-fp16"),
            "optimizer": tuple(OPTIMIZERS),
-           "shard": ("none", "ddp", "zero1", "zero2", "zero3", "fsdp")}
-INTS = ("batch_size", "grad_accum", "seq_len", "lora_r", "gpus")
+           "shard": ("none", "ddp", "zero1", "zero2", "zero3", "fsdp"),
+           "offload": ("none", "optimizer", "params")}
+INTS = ("batch_size", "grad_accum", "seq_len", "lora_r", "gpus", "nodes", "gpus_per_node")
+OPTIONAL = ("gpus_per_node",)
+"""Whole-number fields that may be left empty (`TrainSetup`'s None: GPUs per node is then GPUs / nodes)."""
 DEFAULTS = {"model": "polyglot-ko-1.3b", "batch_size": "16", "grad_accum": "1", "seq_len": "256", "peft": "none",
             "lora_r": "8", "lora_targets": "", "precision": "fp16", "optimizer": "adamw", "checkpointing": "",
-            "gpus": "1", "shard": "none", "card": "T4"}
+            "gpus": "1", "shard": "none", "offload": "none", "nodes": "1", "gpus_per_node": "", "card": "T4"}
 """The page's first setup: the seed chapter's batch-16 run (the one a T4 cannot hold)."""
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}(@[\w.-]{1,64})?")
 CUSTOM_CODE = ("auto_map", "trust_remote_code")
@@ -107,7 +110,7 @@ def model_ref(model: str) -> tuple[str, ...]:
     """What a worker process needs to build the same spec: ('preset'|'hub', name) or ('config', label, json)."""
     if model.startswith("upload:"):
         if model[7:] not in _uploads:
-            raise SetupError(_model_problems(model))
+            raise SetupError(model_problems(model))
         label, config = _uploads[model[7:]]
         return ("config", label, json.dumps(config))
     return ("hub" if "/" in model else "preset", model)
@@ -117,15 +120,15 @@ def resolve(ref: tuple[str, ...]) -> ModelSpec:
     """The spec of a model reference, never from a local path: a preset (or its hub id), the local Hugging Face
     cache, the Hub's config.json, or an uploaded config."""
     kind, name = ref[0], ref[1]
-    if _model_problems(name) and kind != "config":  # never a path, whoever asks
-        raise SetupError(_model_problems(name))
+    if model_problems(name) and kind != "config":  # never a path, whoever asks
+        raise SetupError(model_problems(name))
     if kind == "config":
         config = json.loads(ref[2])
         problems = check_config(config, "config.json")
         if problems:
             raise SetupError(problems)
         return ModelSpec(name=name, config=config, source="config")
-    if kind == "preset" or name.split("@")[0] in _preset_hub_ids():
+    if kind == "preset" or name.split("@")[0] in preset_hub_ids():
         return ModelSpec.from_preset(name.split("@")[0])
     spec = ModelSpec.from_hub_cache(name) or ModelSpec.from_hub(name)
     problems = check_config(spec.config, f"--model {name}")
@@ -134,13 +137,13 @@ def resolve(ref: tuple[str, ...]) -> ModelSpec:
     return spec
 
 
-def _preset_hub_ids() -> set[str]:
+def preset_hub_ids() -> set[str]:
     from trainmem.config.presets import HUB_IDS
 
     return set(HUB_IDS)
 
 
-def _model_problems(model: str) -> list[str]:
+def model_problems(model: str) -> list[str]:
     if model.startswith("upload:"):
         kept = model[7:] in _uploads
         return [] if kept else ["--model: the uploaded config.json is no longer kept here; upload it again"]
@@ -161,6 +164,8 @@ def setup_values(form: dict[str, str], problems: list[str]) -> dict[str, Any]:
     for name in INTS:
         text = (form.get(name) or DEFAULTS[name]).strip()
         flag = "--" + name.replace("_", "-")
+        if not text and name in OPTIONAL:
+            continue
         if not re.fullmatch(r"\d{1,9}", text):
             problems.append(f"{flag}: expected a whole number, got {text!r}")
         elif int(text) > BOUNDS[name]:
@@ -188,13 +193,13 @@ def read_query(form: dict[str, str], specs: Any = None) -> Query:
     `specs(model) -> ModelSpec` looks a model up (the server's cache); by default it is resolved here."""
     problems: list[str] = []
     model = model_of(form)
-    problems += _model_problems(model)
+    problems += model_problems(model)
     values = setup_values(form, problems)
     card = form.get("card") or DEFAULTS["card"]
     if find_gpu(card) is None:
         problems.append(f"--gpu: unknown card {card[:40]!r}")
     spec = None
-    if not _model_problems(model):
+    if not model_problems(model):
         try:
             spec = specs(model) if specs else resolve(model_ref(model))
         except SetupError as e:

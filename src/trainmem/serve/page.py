@@ -41,6 +41,10 @@ def form() -> str:
         return (f'<label>{label}<input type="number" name="{name}" id="{name}" min="1" max="{BOUNDS[name]}" '
                 f'value="{d[name]}"></label>')
 
+    def optional(name: str, label: str, hint: str) -> str:
+        return (f'<label>{label}<input type="number" name="{name}" id="{name}" min="1" max="{BOUNDS[name]}" '
+                f'value="{d[name]}" placeholder="{hint}"></label>')
+
     def select(name: str, label: str) -> str:
         return f'<label>{label}<select name="{name}" id="{name}">{_options(CHOICES[name], d[name])}</select></label>'
 
@@ -50,8 +54,8 @@ def form() -> str:
     return (
         '<form id="setup" autocomplete="off">'
         '<fieldset><legend>Model</legend>'
-        f'<label>Preset or hub id<input name="model" id="model" list="presets" value="{d["model"]}" '
-        'spellcheck="false"></label>'
+        f'<label>Preset or hub id <small>(Enter to look up)</small><input name="model" id="model" list="presets" '
+        f'value="{d["model"]}" spellcheck="false" enterkeyhint="go"></label>'
         f'<datalist id="presets">{presets}</datalist>'
         '<label>or a config.json<input type="file" id="config-file" accept=".json,application/json"></label>'
         '<ul id="config-problems" class="problems"></ul></fieldset>'
@@ -65,8 +69,10 @@ def form() -> str:
         " Gradient checkpointing</label></fieldset>"
         '<fieldset><legend>Batch</legend>'
         f'{number("batch_size", "Micro-batch")}{number("grad_accum", "Accumulation")}'
-        f'{number("seq_len", "Sequence length")}'
-        f'{number("gpus", "GPUs")}{select("shard", "Sharding")}'
+        f'{number("seq_len", "Sequence length")}</fieldset>'
+        '<fieldset><legend>GPUs <small>(answered per rank)</small></legend>'
+        f'{number("gpus", "GPUs (the world size)")}{select("shard", "Sharding")}{select("offload", "Offload")}'
+        f'{number("nodes", "Nodes")}{optional("gpus_per_node", "GPUs per node", "GPUs / nodes")}'
         "</fieldset></form>")
 
 
@@ -76,13 +82,34 @@ def problems(lines: list[str]) -> str:
 
 
 def _css(level: str) -> str:
-    return {"can't run": "cannot", "…": "pending"}.get(level, level)
+    return {"can't run": "cannot", "…": "pending", "stopped": "cannot"}.get(level, level)
+
+
+def about(answer: Answer) -> str:
+    """The model and setup an answer is for, in words: the table's caption, so that a table being replaced
+    still says what it answers."""
+    q, s = answer.query, answer.query.setup
+    words = [f"micro-batch {s.batch_size} x {s.grad_accum} accumulation", f"{s.seq_len} tokens",
+             "full" if s.peft == "none" else f"{s.peft} r{s.lora_r}", s.precision, s.optimizer]
+    words += ["checkpointing"] if s.checkpointing else []
+    return f"{q.model}: {', '.join(words)}; {ranks(answer)}"
+
+
+def ranks(answer: Answer) -> str:
+    """One GPU, or which rank of how many the numbers are for."""
+    s = answer.query.setup
+    if not s.distributed:
+        return "one GPU"
+    nodes = f", {s.nodes} nodes x {s.per_node} GPUs" if s.nodes > 1 else ""
+    hsdp = " (HSDP: sharded within a node, replicated across nodes)" if s.hsdp else ""
+    offload = f", {s.offload} offloaded" if s.offload != "none" else ""
+    return f"per rank: one rank of {s.gpus} ({s.shard}{offload}{nodes}){hsdp}"
 
 
 def _verdict(row: Row) -> tuple[str, str, str]:
     """(level, headroom, need) cells of a row."""
     if row.answer is None:
-        return "…", "", ""
+        return ("stopped" if row.stopped else "…"), "", ""
     if isinstance(row.answer, list):
         return "can't run", "", ""
     v = row.answer.verdict(row.card)
@@ -97,25 +124,39 @@ def _per_s(t: dict[str, Any] | None) -> str:
     return f"{t['tokens_per_s']:,.0f}" if t else ""
 
 
+def _method(row: Row) -> str:
+    """The method cell: where the numbers come from, and why not simulated when its simulation stopped."""
+    if not row.stopped:
+        return row.method
+    return (f'{row.method} <span class="badge stopped" title="{escape(row.stopped)}">simulation '
+            f'{"timed out" if "stopped after" in row.stopped else "failed"}</span>')
+
+
 def cards_table(answer: Answer) -> str:
-    """Every catalog card, smallest first: verdict and headroom, the largest micro-batch, the predicted time."""
+    """Every catalog card, smallest first: verdict and headroom, the largest micro-batch, the predicted time;
+    a card that cannot run the setup says why in its row. The caption names the model and setup."""
     body = []
     for row in sorted(answer.rows, key=lambda r: r.card.capacity):
         level, headroom, need = _verdict(row)
         t = row.answer.time if not isinstance(row.answer, (list, type(None))) else None
-        why = f' title="{escape("; ".join(row.answer))}"' if isinstance(row.answer, list) else ""
         chosen = " chosen" if row.card.name == answer.query.card else ""
         mark = ' <span class="badge" title="the smallest card on which this setup fits">smallest that fits</span>' \
             if row.smallest else ""
+        why = row.answer if isinstance(row.answer, list) else [row.stopped] if level == "stopped" else None
+        cells = (f'<td class="why" colspan="5">{escape("; ".join(why or []))}</td>' if why else
+                 f'<td class=num>{headroom}</td><td class=num>{need}</td>'
+                 f'<td class=num>{"" if row.max_batch is None else row.max_batch or "none"}</td>'
+                 f"<td class=num>{_ms(t)}</td><td class=num>{_per_s(t)}</td>")
         body.append(
             f'<tr class="{_css(level)}{chosen}" data-card="{escape(row.card.name)}" '
-            f'data-level="{escape(level)}" data-method="{row.method}"{why}>'
+            f'data-level="{escape(level)}" data-method="{row.method}"'
+            f'{" data-stopped" if row.stopped else ""}>'
             f"<td>{escape(row.card.name)}{mark}</td><td class=num>{row.card.capacity / GiB:.1f} GiB</td>"
-            f'<td class="level">{escape(level)}</td><td class=num>{headroom}</td><td class=num>{need}</td>'
-            f'<td class=num>{"" if row.max_batch is None else row.max_batch or "none"}</td>'
-            f"<td class=num>{_ms(t)}</td><td class=num>{_per_s(t)}</td><td>{row.method}</td></tr>")
+            f'<td class="level">{escape(level)}</td>{cells}<td>{_method(row)}</td></tr>')
     s = answer.query.setup
-    return (f'<table id="cards-table" data-batch="{s.batch_size}" data-card="{escape(answer.query.card)}">'
+    return (f'<table id="cards-table" data-batch="{s.batch_size}" data-card="{escape(answer.query.card)}" '
+            f'data-model="{escape(answer.query.model)}" data-ranks="{s.gpus}">'
+            f'<caption>{escape(about(answer))}</caption>'
             "<thead><tr><th>card</th><th>memory</th><th>verdict</th><th>headroom</th><th>needs</th>"
             '<th title="analytic estimate, as trainmem max-batch searches it">largest micro-batch</th>'
             "<th>step (predicted)</th><th>tokens/s</th><th>method</th></tr></thead>"
@@ -133,16 +174,31 @@ def status(answer: Answer) -> str:
     else:
         sim = (f"simulated: {answer.groups} runtime groups (one simulated step each, every card replayed under "
                "its own cap)")
+    if answer.timed_out:
+        sim += (f'; <b class="stopped">the simulation of {answer.timed_out} runtime group'
+                f'{"s" if answer.timed_out > 1 else ""} ran past its time limit</b>: its rows show the analytic '
+                f'answer, marked <button id="retry" type="button" class="retry">retry with '
+                f'{answer.retry_limit:g} s</button>')
     return f'{sim} (server: {answer.seconds * 1000:,.0f} ms)'
+
+
+def waiting(what: str) -> str:
+    """The status while a lookup or a new setup's first answer is worked out (the table shown is greyed)."""
+    return f'<span class="spinner"></span> {escape(what)}…'
+
 
 
 def breakdown(answer: Answer) -> str:
     """The chosen card: the parts at the peak as a stacked bar against its capacity, the verdict, the notes."""
     row = answer.chosen
     card = row.card
-    head = f'<h2>On the {escape(card.name)} <small>({row.method})</small></h2>'
+    rank = f"one rank of {answer.query.setup.gpus}, " if answer.query.setup.distributed else ""
+    head = f'<h2>On the {escape(card.name)} <small>({rank}{row.method})</small></h2>'
+    if row.stopped:
+        head += f'<p class="stopped">{escape(row.stopped)}: the numbers below are the analytic estimate</p>' \
+            if row.answer is not None else ""
     if row.answer is None:
-        return head + "<p>simulating…</p>"
+        return head + (f'<ul class="problems">{problems([row.stopped])}</ul>' if row.stopped else "<p>simulating…</p>")
     if isinstance(row.answer, list):
         return head + f'<ul class="problems">{problems(row.answer)}</ul>'
     b = row.answer
@@ -253,6 +309,7 @@ Hugging Face model's step on the meta device in the background (each row says wh
 only: no weights are downloaded.</p></header>
 <main>{form()}
 <section id="answer"><p id="status" class="dim">…</p><ul id="problems" class="problems"></ul>
+<p id="replacing" class="replacing" hidden></p>
 <div id="cards"></div><div id="breakdown"></div>
 <p><a id="download" href="/api/result.json" download>Download the JSON</a></p></section>
 <section id="plan"><h2>Plan: the fastest setup that fits the chosen card</h2>
@@ -270,8 +327,8 @@ min="1" max="{BOUNDS["target"]}" value="16"></label>
 <ul id="report-problems" class="problems"></ul><div id="report-timeline"></div>
 <iframe id="report" title="trainmem report" sandbox="allow-scripts" hidden></iframe></section></main>
 <footer class="dim">trainmem serve: estimates for one CUDA GPU per rank, as <code>trainmem estimate --gpu CARD</code>
-gives them; cards are the catalog's (docs/cards.md), times the step-time model's (docs/time-model.md).</footer>
+(with <code>--gpus N --shard S --nodes M</code>: one rank of N) gives them; cards are the catalog's (docs/cards.md), times the step-time model's (docs/time-model.md).</footer>
 <script src="/static/serve.js"></script></body></html>"""
 
 
-__all__ = ["page", "form", "cards_table", "breakdown", "status", "plan", "problems", "timeline"]
+__all__ = ["page", "form", "cards_table", "breakdown", "status", "waiting", "about", "plan", "problems", "timeline"]

@@ -4,12 +4,29 @@
 const $ = (id) => document.getElementById(id);
 const LIMIT = { config: 256 * 1024, rows: 8 * 1024 * 1024 };
 let current = "";   // the query of the answer the page wants now
+let shown = "";     // the query of the table on the page
+let committed = $("model").value.trim();  // the model as last committed: Enter, leaving the field, a pick
 let debounce = null, poll = null, planQuery = "";
 
 function params() {
   const p = new URLSearchParams();
-  for (const [k, v] of new FormData($("setup"))) if (typeof v === "string") p.append(k, v);
+  for (const [k, v] of new FormData($("setup"))) if (typeof v === "string") p.append(k, k === "model" ? committed : v);
   return p.toString();
+}
+
+function describe() {  // the setup being asked for, in words: named over the greyed table while it is replaced
+  const f = new FormData($("setup"));
+  const ranks = +f.get("gpus") > 1 ? `, one rank of ${f.get("gpus")} (${f.get("shard")})` : "";
+  return `${committed}: micro-batch ${f.get("batch_size")} x ${f.get("grad_accum")}, ${f.get("seq_len")} tokens, ` +
+    `${f.get("peft") === "none" ? "full" : f.get("peft")}, ${f.get("precision")}, ${f.get("optimizer")}` +
+    `${f.get("checkpointing") ? ", checkpointing" : ""}${ranks}`;
+}
+
+function replacing(on) {
+  on = on && $("cards").innerHTML !== "";
+  for (const id of ["cards", "breakdown"]) $(id).classList.toggle("replacing", on);
+  $("replacing").hidden = !on;
+  if (on) $("replacing").textContent = `being replaced by the answer for ${describe()}`;
 }
 
 function lines(list, where = "problems") {
@@ -36,18 +53,37 @@ async function refresh() {
   current = query;
   clearTimeout(poll);
   $("download").href = "/api/result.json?" + query;
+  if (query !== shown) replacing(true);
   const data = await getJSON("/api/estimate?" + query);
   if (query !== current) return;          // the form changed meanwhile: a newer answer is on its way
   lines(data.problems || []);
-  if (data.html) {
+  if (data.waiting) {                     // a lookup or a first answer: the old table stays, greyed and named
+    $("status").innerHTML = data.html.status;
+  } else if (data.html) {
     $("cards").innerHTML = data.html.cards;
     $("breakdown").innerHTML = data.html.breakdown;
     $("status").innerHTML = data.html.status;
+    shown = query;
+    replacing(false);
   } else {
     $("cards").innerHTML = $("breakdown").innerHTML = "";
     $("status").textContent = "fix the setup above to see an answer";
+    shown = "";
+    replacing(false);
   }
   if (data.pending) poll = setTimeout(refresh, 800);
+}
+
+function commitModel() {  // a hub id goes to the network: it is sent when committed, not at each keystroke
+  const model = $("model").value.trim();
+  if (model === committed) return;
+  committed = model;
+  refresh();
+}
+
+async function retry() {
+  await getJSON("/api/retry?" + current, { method: "POST" });
+  refresh();
 }
 
 function later() {
@@ -70,7 +106,7 @@ async function uploadConfig(event) {
     method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(sent) });
   lines(data.problems || [], "config-problems");   // beside the file input: the polling answer leaves it be
   if (data.model) {
-    $("model").value = data.model;
+    $("model").value = committed = data.model;
     refresh();
   }
 }
@@ -120,8 +156,13 @@ async function report(event) {
 }
 
 const picked = (e) => e.target.tagName === "SELECT" || e.target.type === "checkbox";
-$("setup").addEventListener("input", (e) => { if (!picked(e)) later(); });   // typing: wait for a pause
-$("setup").addEventListener("change", (e) => (picked(e) ? refresh() : later()));
+const typed = (e) => e.target.id === "model";   // committed on Enter, on leaving the field, or picked from the list
+$("setup").addEventListener("input", (e) => { if (!typed(e) && !picked(e)) later(); });   // typing: wait for a pause
+$("setup").addEventListener("change", (e) => { if (!typed(e)) (picked(e) ? refresh() : later()); });
+$("model").addEventListener("keydown", (e) => { if (e.key === "Enter") commitModel(); });
+$("model").addEventListener("blur", commitModel);
+$("model").addEventListener("input", (e) => { if (!e.inputType || e.inputType === "insertReplacementText") commitModel(); });
+$("status").addEventListener("click", (e) => { if (e.target.id === "retry") retry(); });
 for (const form of document.forms) form.addEventListener("submit", (e) => e.preventDefault());  // Enter sends nothing
 $("config-file").addEventListener("change", uploadConfig);
 $("plan-button").addEventListener("click", plan);
