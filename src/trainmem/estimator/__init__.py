@@ -416,14 +416,14 @@ def _lora_inputs(inv: states.Inventory, setup: TrainSetup, layers: int) -> int:
 def simulated_step(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU) -> Any:
     """The recording ledger of `setup`'s simulated steps on `card`'s runtime: rank 0's under FSDP2, else the
     model's own (`simulate.simulate_step`)."""
-    def simulated(model: ModelSpec) -> Any:
+    def simulated(model: ModelSpec, splits: bool = False) -> Any:
         if setup.shard == "fsdp":
-            return sharded.simulate_fsdp_rank(model, setup, precision)[0]
+            return sharded.simulate_fsdp_rank(model, setup, precision, splits=splits)[0]
         return simulate_step(model_builder(model, setup, precision, card), setup, precision,
-                             workspace=card.cublas_workspace, flash=card.flash, sms=card.sms)[0]
+                             workspace=card.cublas_workspace, flash=card.flash, sms=card.sms, splits=splits)[0]
 
     layers = int(spec.text_config().num_hidden_layers)
-    composed = compose.composed_step(spec.config, layers, lambda k: simulated(spec.cut(k)))
+    composed = compose.composed_step(spec.config, layers, lambda k: simulated(spec.cut(k), splits=True))
     return composed if composed is not None else simulated(spec)
 
 

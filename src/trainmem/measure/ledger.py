@@ -163,14 +163,22 @@ class TensorLedger(TorchDispatchMode):
         """With `record()`: the index in `events` at which each phase first began (the replay repeats the
         last simulated step from there)."""
         self._keys = 0
+        self.splits: dict[int, tuple[int, int, int, int]] | None = None
+        """With `record(splits=True)`: per allocation event, the (weights, gradients, optimizer, activations)
+        bytes that the peak's split would hold were that allocation a new peak (`_snapshot`), so that a composed
+        step (`estimator.memory.compose`) can split a peak its cut models did not reach."""
+        self._split_state: StateBytes | None = None
         self.kernels: Callable[[Any, tuple, Any], Iterable[int]] | None = None
         """The simulate method's model of CUDA kernels, called after each operator: returns the bytes the
         kernel allocates and frees inside itself, which no dispatch shows (each counted for that moment,
         after the outputs), and may `hold` what it keeps."""
 
-    def record(self) -> TensorLedger:
-        """Also keep every allocation and free in order (`events`), for the estimator's allocator replay."""
+    def record(self, splits: bool = False) -> TensorLedger:
+        """Also keep every allocation and free in order (`events`), for the estimator's allocator replay;
+        with `splits`, also the split of the live bytes a peak at each allocation would have (`splits`)."""
         self.events = []
+        if splits:
+            self.splits = {}
         return self
 
     def adopt(self, tensors: Iterable[torch.Tensor], tag: str = "state") -> None:
@@ -201,7 +209,7 @@ class TensorLedger(TorchDispatchMode):
             self.marks.setdefault(phase, len(self.events))
         self.phase = phase
         self.phase_peak = self.live
-        self._cached_state = None
+        self._cached_state = self._split_state = None
 
     def _register(self, t: torch.Tensor, tag: str, check_cap: bool = True) -> None:
         t = local_tensor(t)  # a DTensor's bytes are its local shard's
@@ -248,6 +256,11 @@ class TensorLedger(TorchDispatchMode):
         if self.live > self.peak:
             self.peak = self.live
             self._snapshot()
+        if self.splits is not None and self.events:
+            s = self._split_state
+            if s is None or self.phase.endswith(("backward", "optimizer")):  # as `_snapshot` reads them
+                s = self._split_state = self._state()
+            self.splits[len(self.events) - 1] = (s.weights, s.gradients, s.optimizer, self.by_tag.get("forward", 0))
 
     def _free_cell(self, cell: list[Any]) -> None:
         if self.events is not None:

@@ -8,13 +8,15 @@ layers show it: the 4-layer list is the 3-layer one with one block inserted in e
 which allocation each free releases follows a rule in the block's position (the same layer's, the previous
 layer's, the mirror layer's in backward; `_rule`). `compose` extends every run to the full depth with those
 rules. It is used only when it reproduces a simulation it did not see: the 5-layer step composed from the 3-
-and 4-layer ones must equal the simulated 5-layer step event for event (`composed_step`), or the whole model
-is simulated as before.
+and 4-layer ones must equal the simulated 5-layer step event for event (`composed_step`); where two layers
+leave a rule open (an FSDP2 rank's prefetch), the 6-layer step is simulated and composed from the 4- and
+5-layer ones; otherwise the whole model is simulated as before.
 
-The peak and its split come from the composed events where they can: the peak is the running sum's maximum;
-its split (weights, gradients, optimizer states, activations) grows by the same bytes per layer, which the
-three cut steps check (equal differences) before it is extrapolated, and the extrapolated peak must equal
-the composed events' own.
+The peak is the composed events' own. Its split (weights, gradients, optimizer states, activations) is read
+where the cut steps recorded it for each allocation (`TensorLedger.splits`), at the same place of the three
+cut steps (counted from the start or the end of its run), and grown by the bytes a layer adds there, which
+must be the same over the three depths; a peak in the middle of a long run, which no cut step reaches from
+either end, leaves the model to be simulated whole.
 """
 
 from __future__ import annotations
@@ -450,24 +452,56 @@ def composed_step(config: dict[str, Any], layers: int, simulate: Callable[[int],
 
 
 def _whole(small: Trace, big: Trace, big_layers: int, ledgers: list[Any], layers: int) -> ComposedStep | None:
-    """The composed step, with its peak's split grown by the bytes a layer adds (checked over three depths)."""
+    """The composed step, with its peak and the peak's split. The peak is the composed events' own; its split
+    (`TensorLedger.splits`) is read at the same place of the three cut steps, counted from the start or the end
+    of its run, and grown by the bytes a layer adds there (equal over the three depths); where neither count
+    gives that, None."""
     try:
+        runs = _runs(big, insertions(small.sig, big.sig))
         whole = compose(small, big, layers, big_layers)
     except ComposeError:
         return None
-    split = _extrapolated([ledger.peak_split for ledger in ledgers], layers, big_layers + 1)
-    peak = _extrapolated([{"peak": ledger.peak} for ledger in ledgers], layers, big_layers + 1)
-    phases = {ledger.peak_phase for ledger in ledgers}
-    if split is None or peak is None or len(phases) != 1 or whole.peak()[0] != peak["peak"]:
+    peak, at = whole.peak()
+    values = []
+    for place in _places(runs, big_layers, layers, at):
+        found = [ledger.splits.get(place(delta)) for delta, ledger in zip((-1, 0, 1), ledgers)]
+        if all(found) and all(b - a == c - b for a, b, c in zip(*found)):
+            values = [c + (c - b) * (layers - big_layers - 1) for b, c in zip(found[1], found[2])]
+            break
+    if not values:
         return None
-    return ComposedStep(whole.events(), whole.marks, peak["peak"], split, phases.pop(),
+    weights, gradients, optimizer, activations = values
+    split = {"weights": weights, "gradients": gradients, "optimizer": optimizer, "activations": activations,
+             "other": max(peak - weights - gradients - optimizer - activations, 0)}
+    phase = max(((i, name) for name, i in whole.marks.items() if i <= at), default=(0, "build"))[1]
+    return ComposedStep(whole.events(), whole.marks, peak, split, phase,
                         any(getattr(ledger, "balanced_routing", False) for ledger in ledgers))
 
 
-def _extrapolated(values: list[dict[str, int]], layers: int, last: int) -> dict[str, int] | None:
-    """Each figure at `layers` layers from its values at three depths ending at `last`, where it grows by the
-    same bytes a layer."""
-    a, b, c = values
-    if set(a) != set(b) or set(b) != set(c) or any(b[k] - a[k] != c[k] - b[k] for k in a):
-        return None
-    return {k: c[k] + (c[k] - b[k]) * (layers - last) for k in c}
+def _places(runs: list[_Run], big_layers: int, layers: int, at: int) -> list[Callable[[int], int]]:
+    """Where the composed event `at` is in the steps of `big_layers + delta` layers, as functions of delta: one
+    for an event outside the runs, else one counted from its run's start and one from its end, each where the
+    smallest step has that period."""
+    extra = layers - big_layers
+    shift = 0
+    for r, run in enumerate(runs):
+        start, n = run.start + shift, run.periods + extra
+        if at < start:
+            break
+        if at < start + run.length * n:
+            t, o = divmod(at - start, run.length)
+            before = sum(x.length for x in runs[:r])
+
+            def index(delta: int, period: int) -> int:
+                return run.start + delta * before + period * run.length + o
+            u = n - 1 - t
+            out = []
+            if t <= run.periods - 2:
+                out.append(lambda delta, t=t: index(delta, t))
+            if u <= run.periods - 2:
+                out.append(lambda delta, u=u: index(delta, run.periods + delta - 1 - u))
+            return out
+        shift += run.length * extra
+    i = at - shift  # the big step's index of an event outside the runs
+    before = sum(run.length for run in runs if run.start + run.length * run.periods <= i)
+    return [lambda delta: i + delta * before]

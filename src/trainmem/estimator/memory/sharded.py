@@ -33,7 +33,7 @@ def simulates(setup: TrainSetup) -> bool:
 
 
 def simulate_fsdp_rank(spec: ModelSpec, setup: TrainSetup, precision: str,
-                       rank: int = 0) -> tuple[TensorLedger, StateBytes]:
+                       rank: int = 0, splits: bool = False) -> tuple[TensorLedger, StateBytes]:
     """The ledger of rank `rank`'s simulated step of the `setup.shard_group`-rank FSDP2 run (the world, or under
     HSDP a node), and the rank's
     weights, gradients and optimizer states after its last optimizer step."""
@@ -49,4 +49,4 @@ def simulate_fsdp_rank(spec: ModelSpec, setup: TrainSetup, precision: str,
 
         # meta tensors (the sharded parameters before to_empty) enter the fake mode as inputs
         with FakeTensorMode(allow_non_fake_inputs=True):
-            return simulate_step(build, setup, precision, device="cpu", follow=follow_fsdp_storage)
+            return simulate_step(build, setup, precision, device="cpu", follow=follow_fsdp_storage, splits=splits)

@@ -135,12 +135,13 @@ def simulate_step(build: Callable[[TensorLedger], Any], setup: TrainSetup,
                   workspace: int = cuda.cublas_workspace((9, 0)),
                   flash: bool = True, device: str = "meta",
                   follow: Callable[[TensorLedger], Any] | None = None,
-                  sms: int = 132) -> tuple[TensorLedger, StateBytes]:
+                  sms: int = 132, splits: bool = False) -> tuple[TensorLedger, StateBytes]:
     """Build the model with `build` (on the meta device, given the ledger for what no operator shows),
     then `STEPS` optimizer steps (states appear in the first) of the setup's accumulation, all under one
     recording ledger. Under `amp-*` each forward (loss included, as `train.train` does) runs in an
     autocast region. `workspace`: bytes per cuBLAS handle; `flash`: the card has the flash kernel; `sms`: its
-    SMs (the rows of Liger's RMSNorm partial weight gradients under `--kernels liger`, `liger.patched`). A
+    SMs (the rows of Liger's RMSNorm partial weight gradients under `--kernels liger`, `liger.patched`);
+    `splits`: the ledger also keeps each allocation's split (`TensorLedger.splits`, for `compose`). A
     sharded simulation (`sharded.py`) passes `device="cpu"` (fake CPU tensors) and `follow`, the context
     that routes FSDP2's storage resizes through the ledger."""
     from trainmem.measure.build import AUTOCAST_DTYPES
@@ -154,7 +155,7 @@ def simulate_step(build: Callable[[TensorLedger], Any], setup: TrainSetup,
             return StateBytes(0, 0, 0)
         return state_bytes(held["model"], held["optimizer"])
 
-    ledger = SimulatedLedger(states).record()  # events for the allocator replay
+    ledger = SimulatedLedger(states).record(splits)  # events for the allocator replay
     ledger.kernels = CudaKernels(ledger, workspace)
     ledger.set_phase("build")
     with contextlib.ExitStack() as stack:
