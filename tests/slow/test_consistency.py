@@ -107,3 +107,18 @@ def test_plan_winner_is_what_estimate_says_of_it(model, kw, target, allow):
     assert v["level"] == win.level == "fits"
     assert (v["need"], v["headroom"]) == (win.need, win.headroom)
     assert (b.time["step_s"], b.time["tokens_per_s"], b.time["mfu"]) == (win.step_s, win.tokens_per_s, win.mfu)
+
+
+def test_every_setup_plan_lists_is_what_estimate_says_of_it():
+    """Not only the winner: each row plan lists carries estimate's verdict and need. Here the analytic search
+    admits gpt2 full fine-tuning at 12 x 2 (15.5 GiB) that simulate puts at 21.0 GiB, beyond the RTX-4080; plan
+    simulates every row it lists, so that row is dropped rather than shown as fitting."""
+    spec = ModelSpec.resolve("gpt2")
+    plan = make_plan(spec, TrainSetup(gpu="RTX-4080", seq_len=1024, precision="amp-fp16"), 24,
+                     allow=("checkpointing", "peft"))
+    assert any(d["setup"]["batch_size"] == 12 and d["setup"]["peft"] == "none" and not d["setup"]["checkpointing"]
+               for d in plan.dropped), plan.dropped
+    assert len(plan.options) == 6 and all(o.checked == "simulate" for o in plan.options)
+    for o in plan.options:
+        v = estimate(spec, o.setup).verdict(plan.gpu)
+        assert (v["level"], v["need"]) == (o.level, o.need), o.setup
