@@ -4,9 +4,9 @@ estimate, keep what fits the card, rank by the predicted step time.
 The search is the analytic estimate (milliseconds a setup once the model's inventory is built) and the
 step-time model (`estimator.timing`); the fastest, the finalists (by default every setup listed), are then
 simulated, and a finalist that simulate says does not fit is dropped and the next one moves up. Every setup
-reaches the target batch exactly: the micro-batch divides it. What the user does not allow stays as given, so the answer
-trains the same model the same way, only faster; checkpointing is allowed by default because it changes
-time and memory, never the result.
+reaches the target batch exactly: the micro-batch divides it. What the user does not allow stays as given, so
+the answer trains the same model the same way, only faster; checkpointing is allowed by default because it
+changes time and memory, never the result.
 
 `estimate_fn` and `time_fn` are injectable so that the search can be tested against stub models.
 `make_plan` is the entry point `trainmem plan` calls: the search, cut to the `top` few, and with `confirm`
