@@ -27,7 +27,8 @@ SIMULATE_TIMEOUT = 240.0
 """Seconds a simulate job (one runtime group) may run: 2-25 s a setup up to 8B parameters on 2 cores, times
 the accumulation's micro-batches."""
 PLAN_TIMEOUT = 300.0
-"""Seconds a plan may run: its analytic search takes seconds, its two simulated finalists up to a minute."""
+"""Seconds a plan may run: its analytic search takes seconds, its six simulated finalists (in parallel) up to a
+few minutes."""
 KEEP = 512
 """Answers kept per cache (oldest dropped first)."""
 

@@ -126,7 +126,7 @@ async function plan() {
     const seconds = ((performance.now() - start) / 1000).toFixed(0);
     if (data.pending) {
       $("plan-progress").innerHTML = `<progress></progress> searching: the analytic estimate of every micro-batch, ` +
-        `then the fastest two simulated (${seconds} s)`;
+        `then each row it lists simulated (${seconds} s)`;
       setTimeout(tick, 1000);
     } else if (data.html) {
       $("plan-progress").textContent = `planned in ${seconds} s`;
