@@ -167,7 +167,6 @@ class TensorLedger(TorchDispatchMode):
         """With `record(splits=True)`: per allocation event, the (weights, gradients, optimizer, activations)
         bytes that the peak's split would hold were that allocation a new peak (`_snapshot`), so that a composed
         step (`estimator.memory.compose`) can split a peak its cut models did not reach."""
-        self._split_state: StateBytes | None = None
         self.kernels: Callable[[Any, tuple, Any], Iterable[int]] | None = None
         """The simulate method's model of CUDA kernels, called after each operator: returns the bytes the
         kernel allocates and frees inside itself, which no dispatch shows (each counted for that moment,
@@ -209,7 +208,7 @@ class TensorLedger(TorchDispatchMode):
             self.marks.setdefault(phase, len(self.events))
         self.phase = phase
         self.phase_peak = self.live
-        self._cached_state = self._split_state = None
+        self._cached_state = None
 
     def _register(self, t: torch.Tensor, tag: str, check_cap: bool = True) -> None:
         t = local_tensor(t)  # a DTensor's bytes are its local shard's
@@ -253,13 +252,13 @@ class TensorLedger(TorchDispatchMode):
         self.by_tag[tag] += n
         if self.live > self.phase_peak:
             self.phase_peak = self.live
+        if self._cached_state is None:
+            self._cached_state = self._state()
         if self.live > self.peak:
             self.peak = self.live
             self._snapshot()
         if self.splits is not None and self.events:
-            s = self._split_state
-            if s is None or self.phase.endswith(("backward", "optimizer")):  # as `_snapshot` reads them
-                s = self._split_state = self._state()
+            s = self._states_now()
             self.splits[len(self.events) - 1] = (s.weights, s.gradients, s.optimizer, self.by_tag.get("forward", 0))
 
     def _free_cell(self, cell: list[Any]) -> None:
@@ -277,11 +276,16 @@ class TensorLedger(TorchDispatchMode):
         self.peak = self.phase_peak = self.live
         self.peak_split, self.peak_phase = {}, self.phase
 
-    def _snapshot(self) -> None:
-        # Weights and optimizer states only change in the step, gradients only in backward/step.
+    def _states_now(self) -> StateBytes:
+        """The weights, gradients and optimizer states a peak now splits off: read again in backward and the
+        optimizer step, where they change; elsewhere as the phase's first allocation found them (a forward
+        changes none of them, but FSDP2 swaps a gathered layer's parameters in, which count as temporaries)."""
         if self._cached_state is None or self.phase.endswith(("backward", "optimizer")):
             self._cached_state = self._state()
-        s = self._cached_state
+        return self._cached_state
+
+    def _snapshot(self) -> None:
+        s = self._states_now()
         activations = self.by_tag.get("forward", 0)
         other = self.peak - s.weights - s.gradients - s.optimizer - activations
         self.peak_split = {"weights": s.weights, "gradients": s.gradients, "optimizer": s.optimizer,
