@@ -120,6 +120,11 @@ def _is_fake(t: torch.Tensor) -> bool:
     return isinstance(t, FakeTensor)
 
 
+def gradient_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the gradients live now, each storage counted once."""
+    return _unique_bytes(gradient_tensors(model))
+
+
 def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> StateBytes:
     """Bytes of weights, gradients and optimizer states live now, each storage counted once (tied weights, views)."""
     return StateBytes(_unique_bytes(weight_tensors(model)), _unique_bytes(gradient_tensors(model)),
@@ -163,6 +168,8 @@ class TensorLedger(TorchDispatchMode):
         """With `record()`: the index in `events` at which each phase first began (the replay repeats the
         last simulated step from there)."""
         self._keys = 0
+        self.gradients: Callable[[], int] | None = None
+        """The bytes of the gradients alone, where cheaper than `state` (read at each peak in backward)."""
         self.splits: dict[int, tuple[int, int, int, int]] | None = None
         """With `record(splits=True)`: per allocation event, the (weights, gradients, optimizer, activations)
         bytes that the peak's split would hold were that allocation a new peak (`_snapshot`), so that a composed
@@ -277,12 +284,17 @@ class TensorLedger(TorchDispatchMode):
         self.peak_split, self.peak_phase = {}, self.phase
 
     def _states_now(self) -> StateBytes:
-        """The weights, gradients and optimizer states a peak now splits off: read again in backward and the
-        optimizer step, where they change; elsewhere as the phase's first allocation found them (a forward
-        changes none of them, but FSDP2 swaps a gathered layer's parameters in, which count as temporaries)."""
-        if self._cached_state is None or self.phase.endswith(("backward", "optimizer")):
-            self._cached_state = self._state()
-        return self._cached_state
+        """The weights, gradients and optimizer states a peak now splits off: all read again in the optimizer
+        step, the gradients again in backward, and the rest as the phase's first allocation found them (no
+        forward or backward changes the weights or states, but FSDP2 swaps a gathered layer's parameters in,
+        which count as temporaries)."""
+        s = self._cached_state
+        if s is None or self.phase.endswith("optimizer"):
+            s = self._cached_state = self._state()
+        elif self.phase.endswith("backward"):
+            grads = self.gradients() if self.gradients is not None else self._state().gradients
+            s = self._cached_state = StateBytes(s.weights, grads, s.optimizer)
+        return s
 
     def _snapshot(self) -> None:
         s = self._states_now()

@@ -29,7 +29,7 @@ from trainmem.config.specs import ModelSpec
 from trainmem.hardware import cuda
 from trainmem.hardware.gpus import GPU
 from trainmem.measure.accumulation import micro_batch_loss
-from trainmem.measure.ledger import StateBytes, TensorLedger, state_bytes
+from trainmem.measure.ledger import StateBytes, TensorLedger, gradient_bytes, state_bytes
 from trainmem.measure.train import PROBE_STEPS
 
 from . import autocast, liger, mamba, quantized, states, trlhead
@@ -156,6 +156,7 @@ def simulate_step(build: Callable[[TensorLedger], Any], setup: TrainSetup,
         return state_bytes(held["model"], held["optimizer"])
 
     ledger = SimulatedLedger(states).record(splits)  # events for the allocator replay
+    ledger.gradients = lambda: gradient_bytes(held["model"]) if held["model"] is not None else 0
     ledger.kernels = CudaKernels(ledger, workspace)
     ledger.set_phase("build")
     with contextlib.ExitStack() as stack:
