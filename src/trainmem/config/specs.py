@@ -169,9 +169,11 @@ class ModelSpec:
         """One meta-device model (no memory, no init), read for its parameter count, its modules, their
         weights' shapes, the name of its output embedding, its fused expert weights and its model type."""
         import torch
+        from torch.utils._python_dispatch import _disable_current_modes
         from transformers import AutoModelForCausalLM
 
-        with torch.device("meta"):
+        # outside any dispatch mode: read from inside a simulation (a cut model's), its tensors are not the step's
+        with _disable_current_modes(), torch.device("meta"):
             model = AutoModelForCausalLM.from_config(self.hf_config())
         head = model.get_output_embeddings()
         modules = dict(model.named_modules())
