@@ -116,7 +116,8 @@ def test_engine_trainer_matches_engine_loop():
 
 
 def test_engine_is_validated():
-    assert TrainSetup(engine="accelerate").problems() == ["--engine: 'accelerate' is not one of loop, trainer, sft"]
+    assert TrainSetup(engine="accelerate").problems() == [
+        "--engine: 'accelerate' is not one of loop, trainer, sft, deepspeed"]
 
 
 def test_training_arguments_round_trip(tmp_path):
