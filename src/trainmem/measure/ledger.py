@@ -67,18 +67,50 @@ def _unique_bytes(tensors: Iterable[torch.Tensor]) -> int:
         # Meta storages (the estimator's simulation) all have address 0: tell them apart by identity,
         # which PyTorch keeps stable for a live storage.
         # Fake storages (the sharded simulation) have no address to read either.
-        key = (id(st) if st.device.type == "meta" or _is_fake(t) else st.data_ptr() or id(st), st.nbytes())
+        n = st.nbytes()
+        key = (id(st) if st.device.type == "meta" or _is_fake(t) else st.data_ptr() or id(st), n)
         if key not in seen:
             seen.add(key)
-            total += st.nbytes()
+            total += n
     return total
 
 
-def weight_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+def members(model: torch.nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """`model.parameters()` and `model.buffers()`, the same tensors in the same order (each module once, each
+    tensor once), from one walk over the modules' own dicts instead of three: the simulate method's ledger
+    reads the model's states at every allocation of a backward and an optimizer step (`TensorLedger.splits`),
+    thousands of times a step."""
+    params: list[torch.Tensor] = []
+    buffers: list[torch.Tensor] = []
+    seen: set[int] = set()  # the parameters'; buffers() keeps a memo of its own
+    seen_buffers: set[int] = set()
+    done: set[int] = set()
+    stack = [model]
+    while stack:
+        m = stack.pop()
+        if id(m) in done:
+            continue
+        done.add(id(m))
+        for v in m._parameters.values():
+            if v is not None and id(v) not in seen:
+                seen.add(id(v))
+                params.append(v)
+        for v in m._buffers.values():
+            if v is not None and id(v) not in seen_buffers:
+                seen_buffers.add(id(v))
+                buffers.append(v)
+        stack.extend(c for c in reversed(m._modules.values()) if c is not None)
+    return params, buffers
+
+
+def weight_tensors(model: torch.nn.Module, found: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+                   ) -> list[torch.Tensor]:
     """Parameters, buffers, the quantization state of bitsandbytes 4-bit weights, and the partition a
-    DeepSpeed ZeRO-3 rank keeps of each parameter (`ds_tensor`; the parameter itself is empty between gathers)."""
-    out: list[torch.Tensor] = list(model.parameters()) + list(model.buffers())
-    for p in model.parameters():
+    DeepSpeed ZeRO-3 rank keeps of each parameter (`ds_tensor`; the parameter itself is empty between gathers).
+    `found`: the model's `members`, where the caller has them."""
+    params, buffers = found or members(model)
+    out: list[torch.Tensor] = params + buffers
+    for p in params:
         part = getattr(p, "ds_tensor", None)
         if isinstance(part, torch.Tensor):
             out.append(part)
@@ -91,9 +123,10 @@ def weight_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
     return out
 
 
-def gradient_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
-    """The `.grad` tensors that exist now (None after `zero_grad(set_to_none=True)`)."""
-    return [p.grad for p in model.parameters() if p.grad is not None]
+def gradient_tensors(model: torch.nn.Module, params: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """The `.grad` tensors that exist now (None after `zero_grad(set_to_none=True)`). `params`: the model's
+    parameters, where the caller has them."""
+    return [p.grad for p in (members(model)[0] if params is None else params) if p.grad is not None]
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -122,7 +155,8 @@ def _is_fake(t: torch.Tensor) -> bool:
 
 def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> StateBytes:
     """Bytes of weights, gradients and optimizer states live now, each storage counted once (tied weights, views)."""
-    return StateBytes(_unique_bytes(weight_tensors(model)), _unique_bytes(gradient_tensors(model)),
+    found = members(model)
+    return StateBytes(_unique_bytes(weight_tensors(model, found)), _unique_bytes(gradient_tensors(model, found[0])),
                       _unique_bytes(optimizer_tensors(optimizer)) if optimizer is not None else 0)
 
 
