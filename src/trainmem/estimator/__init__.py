@@ -423,7 +423,8 @@ def simulated_step(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU
                              workspace=card.cublas_workspace, flash=card.flash, sms=card.sms, splits=splits)[0]
 
     layers = int(spec.text_config().num_hidden_layers)
-    composed = compose.composed_step(spec.config, layers, lambda k: simulated(spec.cut(k), splits=True))
+    composed = compose.composed_step(spec.config, layers, lambda k: simulated(spec.cut(k), splits=True),
+                                     compose.SHARDED_FIRST if setup.shard == "fsdp" else compose.CUTS[0])
     return composed if composed is not None else simulated(spec)
 
 

@@ -211,6 +211,11 @@ def _fake_tensor() -> type:
     return FakeTensor
 
 
+def gradient_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the gradients live now, each storage counted once."""
+    return _unique_bytes(gradient_tensors(model))
+
+
 def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> StateBytes:
     """Bytes of weights, gradients and optimizer states live now, each storage counted once (tied weights, views)."""
     return _state_bytes(model, optimizer, members(model))
@@ -259,11 +264,12 @@ class TensorLedger(TorchDispatchMode):
         """With `record()`: the index in `events` at which each phase first began (the replay repeats the
         last simulated step from there)."""
         self._keys = 0
+        self.gradients: Callable[[], int] | None = None
+        """The bytes of the gradients alone, where cheaper than `state` (read at each peak in backward)."""
         self.splits: dict[int, tuple[int, int, int, int]] | None = None
         """With `record(splits=True)`: per allocation event, the (weights, gradients, optimizer, activations)
         bytes that the peak's split would hold were that allocation a new peak (`_snapshot`), so that a composed
         step (`estimator.memory.compose`) can split a peak its cut models did not reach."""
-        self._split_state: StateBytes | None = None
         self.kernels: Callable[[Any, tuple, Any], Iterable[int]] | None = None
         """The simulate method's model of CUDA kernels, called after each operator: returns the bytes the
         kernel allocates and frees inside itself, which no dispatch shows (each counted for that moment,
@@ -305,7 +311,7 @@ class TensorLedger(TorchDispatchMode):
             self.marks.setdefault(phase, len(self.events))
         self.phase = phase
         self.phase_peak = self.live
-        self._cached_state = self._split_state = None
+        self._cached_state = None
 
     def _register(self, t: torch.Tensor, tag: str, check_cap: bool = True) -> None:
         t = local_tensor(t)  # a DTensor's bytes are its local shard's
@@ -349,13 +355,13 @@ class TensorLedger(TorchDispatchMode):
         self.by_tag[tag] += n
         if self.live > self.phase_peak:
             self.phase_peak = self.live
+        if self._cached_state is None:
+            self._cached_state = self._state()
         if self.live > self.peak:
             self.peak = self.live
             self._snapshot()
         if self.splits is not None and self.events:
-            s = self._split_state
-            if s is None or self.phase.endswith(("backward", "optimizer")):  # as `_snapshot` reads them
-                s = self._split_state = self._state()
+            s = self._states_now()
             self.splits[len(self.events) - 1] = (s.weights, s.gradients, s.optimizer, self.by_tag.get("forward", 0))
 
     def _free_cell(self, cell: list[Any]) -> None:
@@ -373,11 +379,21 @@ class TensorLedger(TorchDispatchMode):
         self.peak = self.phase_peak = self.live
         self.peak_split, self.peak_phase = {}, self.phase
 
-    def _snapshot(self) -> None:
-        # Weights and optimizer states only change in the step, gradients only in backward/step.
-        if self._cached_state is None or self.phase.endswith(("backward", "optimizer")):
-            self._cached_state = self._state()
+    def _states_now(self) -> StateBytes:
+        """The weights, gradients and optimizer states a peak now splits off: all read again in the optimizer
+        step, the gradients again in backward, and the rest as the phase's first allocation found them (no
+        forward or backward changes the weights or states, but FSDP2 swaps a gathered layer's parameters in,
+        which count as temporaries)."""
         s = self._cached_state
+        if s is None or self.phase.endswith("optimizer"):
+            s = self._cached_state = self._state()
+        elif self.phase.endswith("backward"):
+            grads = self.gradients() if self.gradients is not None else self._state().gradients
+            s = self._cached_state = StateBytes(s.weights, grads, s.optimizer)
+        return s
+
+    def _snapshot(self) -> None:
+        s = self._states_now()
         activations = self.by_tag.get("forward", 0)
         other = self.peak - s.weights - s.gradients - s.optimizer - activations
         self.peak_split = {"weights": s.weights, "gradients": s.gradients, "optimizer": s.optimizer,

@@ -27,6 +27,8 @@ from typing import Any, Callable, Iterable
 CUTS = (3, 4, 5)
 """Depths of the cut models simulated: two to infer the runs and rules, the third to check them (with two
 layers a run can hold a single period, and which of its rules holds is left open)."""
+SHARDED_FIRST = 4
+"""The first depth for an FSDP2 rank, whose prefetch rules need two periods of a run to tell apart."""
 
 UNIFORM_TYPES = frozenset({
     "llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral", "gpt_neox", "phi3", "olmo",
@@ -425,29 +427,30 @@ MIN_LAYERS = 24
 """Models with fewer decoder layers are simulated whole: the three cut models would cost about as much."""
 
 
-def composed_step(config: dict[str, Any], layers: int, simulate: Callable[[int], Any]) -> ComposedStep | None:
+def composed_step(config: dict[str, Any], layers: int, simulate: Callable[[int], Any],
+                  first: int = CUTS[0]) -> ComposedStep | None:
     """The step of the model of `layers` decoder layers composed from `simulate(k)`, the simulated ledger of
-    the model cut to k layers, for k in `CUTS` (and one layer more where those three leave a rule open);
-    None where the model's layers differ (`uniform`), it is too shallow to gain, or no two cut steps compose
-    into the next one exactly."""
+    the model cut to k layers: from the steps of `first` and `first + 1` layers, checked against the step of
+    `first + 2`, and from one layer more each where those leave a rule open (once); None where the model's
+    layers differ (`uniform`), it is too shallow to gain, or no two cut steps compose into the next one exactly.
+    An FSDP2 rank starts at 4 layers (`SHARDED_FIRST`): its prefetch needs two periods in every run."""
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     if layers < MIN_LAYERS or not uniform(str(text.get("model_type", config.get("model_type"))), text):
         return None
-    ledgers = {k: simulate(k) for k in CUTS}
-    traces = {k: Trace.of(ledgers[k].events or [], ledgers[k].marks) for k in CUTS}
-    first = CUTS[0]
-    while first + 2 < layers and first <= CUTS[0] + 1:
-        small, big, check = first, first + 1, first + 2
-        if check not in ledgers:
-            ledgers[check] = simulate(check)
-            traces[check] = Trace.of(ledgers[check].events or [], ledgers[check].marks)
+    ledgers: dict[int, Any] = {}
+    traces: dict[int, Trace] = {}
+    for small in (first, first + 1):
+        for k in (small, small + 1, small + 2):
+            if k not in ledgers:
+                ledgers[k] = simulate(k)
+                traces[k] = Trace.of(ledgers[k].events or [], ledgers[k].marks)
+        big, check = small + 1, small + 2
         try:
             seen = compose(traces[small], traces[big], check, big)
             if (seen.sig, seen.ref, seen.marks) == (traces[check].sig, traces[check].ref, traces[check].marks):
                 return _whole(traces[small], traces[big], big, [ledgers[k] for k in (small, big, check)], layers)
         except ComposeError:
             pass
-        first += 1
     return None
 
 

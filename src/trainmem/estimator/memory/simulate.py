@@ -29,7 +29,7 @@ from trainmem.config.specs import ModelSpec
 from trainmem.hardware import cuda
 from trainmem.hardware.gpus import GPU
 from trainmem.measure.accumulation import micro_batch_loss
-from trainmem.measure.ledger import StateBytes, StateReader, TensorLedger, state_bytes
+from trainmem.measure.ledger import StateBytes, StateReader, TensorLedger, gradient_bytes, state_bytes
 from trainmem.measure.train import PROBE_STEPS
 
 from . import autocast, liger, mamba, quantized, states, trlhead
@@ -157,6 +157,7 @@ def simulate_step(build: Callable[[TensorLedger], Any], setup: TrainSetup,
         return reader(held["model"], held["optimizer"], ledger.phase)
 
     ledger = SimulatedLedger(states).record(splits)  # events for the allocator replay
+    ledger.gradients = lambda: gradient_bytes(held["model"]) if held["model"] is not None else 0
     ledger.kernels = CudaKernels(ledger, workspace)
     ledger.set_phase("build")
     with contextlib.ExitStack() as stack:
