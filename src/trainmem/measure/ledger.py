@@ -14,6 +14,7 @@ parameter and fails on frozen ones (LoRA), hence this small ledger.
 
 from __future__ import annotations
 
+import functools
 import re
 import resource
 import weakref
@@ -56,6 +57,10 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     return local if isinstance(local, torch.Tensor) else t
 
 
+_META = torch.device("meta")
+"""Compared whole: reading a device's `type` costs more than the rest of a storage's key together."""
+
+
 def _unique_bytes(tensors: Iterable[torch.Tensor]) -> int:
     seen: set[tuple[int, int]] = set()
     total = 0
@@ -67,18 +72,98 @@ def _unique_bytes(tensors: Iterable[torch.Tensor]) -> int:
         # Meta storages (the estimator's simulation) all have address 0: tell them apart by identity,
         # which PyTorch keeps stable for a live storage.
         # Fake storages (the sharded simulation) have no address to read either.
-        key = (id(st) if st.device.type == "meta" or _is_fake(t) else st.data_ptr() or id(st), st.nbytes())
+        n = st.nbytes()
+        key = (id(st) if st.device == _META or _is_fake(t) else st.data_ptr() or id(st), n)
         if key not in seen:
             seen.add(key)
-            total += st.nbytes()
+            total += n
     return total
 
 
-def weight_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+def members(model: torch.nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """`model.parameters()` and `model.buffers()`, the same tensors in the same order (each module once, each
+    tensor once), from one walk over the modules' own dicts instead of three: the simulate method's ledger
+    reads the model's states at every allocation of a backward and an optimizer step (`TensorLedger.splits`),
+    thousands of times a step."""
+    return _members_of(_walk(model))
+
+
+def _walk(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """`model.modules()`: each module once, in the same order, without `named_modules`' nested generators."""
+    out: list[torch.nn.Module] = []
+    done: set[int] = set()
+    stack = [model]
+    while stack:
+        m = stack.pop()
+        if id(m) in done:
+            continue
+        done.add(id(m))
+        out.append(m)
+        stack.extend(c for c in reversed(m._modules.values()) if c is not None)
+    return out
+
+
+def _members_of(modules: Iterable[torch.nn.Module]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    params: list[torch.Tensor] = []
+    buffers: list[torch.Tensor] = []
+    seen: set[int] = set()  # the parameters'; buffers() keeps a memo of its own
+    seen_buffers: set[int] = set()
+    for m in modules:
+        for v in m._parameters.values():
+            if v is not None and id(v) not in seen:
+                seen.add(id(v))
+                params.append(v)
+        for v in m._buffers.values():
+            if v is not None and id(v) not in seen_buffers:
+                seen_buffers.add(id(v))
+                buffers.append(v)
+    return params, buffers
+
+
+class StateReader:
+    """`state_bytes(model, optimizer)` for a ledger that reads it at every allocation of a step (the simulate
+    method's `TensorLedger.splits`): the modules are walked once and again only where they may have changed (a
+    new `epoch`: the ledger's phase; a module registered anywhere, which torch's global module-registration hook
+    reports; another model), and each read takes the parameters and buffers from those modules' own dicts, so that
+    a parameter set or swapped since (FSDP2's sharded and unsharded parameters) counts as it is now. The modules
+    are held by weak references: a module dropped from the model is not kept alive by the reader. Used as a
+    context, which installs and removes the hook."""
+
+    def __init__(self) -> None:
+        self._modules: list[weakref.ref] | None = None
+        self._key: tuple[int, Any] | None = None
+        self._hook: Any = None
+
+    def __enter__(self) -> StateReader:
+        from torch.nn.modules.module import register_module_module_registration_hook
+
+        self._hook = register_module_module_registration_hook(self._forget)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._hook.remove()
+        self._modules = None
+
+    def _forget(self, module: torch.nn.Module, name: str, value: Any) -> None:
+        self._modules = None
+
+    def __call__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, epoch: Any = None
+                 ) -> StateBytes:
+        key = (id(model), epoch)
+        if self._modules is None or self._key != key:
+            self._modules, self._key = [weakref.ref(m) for m in _walk(model)], key
+        found = _members_of(m for m in (ref() for ref in self._modules) if m is not None)
+        return _state_bytes(model, optimizer, found)
+
+
+def weight_tensors(model: torch.nn.Module, found: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+                   ) -> list[torch.Tensor]:
     """Parameters, buffers, the quantization state of bitsandbytes 4-bit weights, and the partition a
-    DeepSpeed ZeRO-3 rank keeps of each parameter (`ds_tensor`; the parameter itself is empty between gathers)."""
-    out: list[torch.Tensor] = list(model.parameters()) + list(model.buffers())
-    for p in model.parameters():
+    DeepSpeed ZeRO-3 rank keeps of each parameter (`ds_tensor`; the parameter itself is empty between gathers).
+    `found`: the model's `members`, where the caller has them."""
+    params, buffers = found or members(model)
+    out: list[torch.Tensor] = params + buffers
+    for p in params:
         part = getattr(p, "ds_tensor", None)
         if isinstance(part, torch.Tensor):
             out.append(part)
@@ -91,9 +176,10 @@ def weight_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
     return out
 
 
-def gradient_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
-    """The `.grad` tensors that exist now (None after `zero_grad(set_to_none=True)`)."""
-    return [p.grad for p in model.parameters() if p.grad is not None]
+def gradient_tensors(model: torch.nn.Module, params: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """The `.grad` tensors that exist now (None after `zero_grad(set_to_none=True)`). `params`: the model's
+    parameters, where the caller has them."""
+    return [p.grad for p in (members(model)[0] if params is None else params) if p.grad is not None]
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -115,9 +201,14 @@ class StateBytes:
 
 
 def _is_fake(t: torch.Tensor) -> bool:
+    return isinstance(t, _fake_tensor())
+
+
+@functools.cache
+def _fake_tensor() -> type:
     from torch._subclasses.fake_tensor import FakeTensor
 
-    return isinstance(t, FakeTensor)
+    return FakeTensor
 
 
 def gradient_bytes(model: torch.nn.Module) -> int:
@@ -127,7 +218,12 @@ def gradient_bytes(model: torch.nn.Module) -> int:
 
 def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> StateBytes:
     """Bytes of weights, gradients and optimizer states live now, each storage counted once (tied weights, views)."""
-    return StateBytes(_unique_bytes(weight_tensors(model)), _unique_bytes(gradient_tensors(model)),
+    return _state_bytes(model, optimizer, members(model))
+
+
+def _state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                 found: tuple[list[torch.Tensor], list[torch.Tensor]]) -> StateBytes:
+    return StateBytes(_unique_bytes(weight_tensors(model, found)), _unique_bytes(gradient_tensors(model, found[0])),
                       _unique_bytes(optimizer_tensors(optimizer)) if optimizer is not None else 0)
 
 

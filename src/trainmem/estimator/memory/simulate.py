@@ -29,7 +29,7 @@ from trainmem.config.specs import ModelSpec
 from trainmem.hardware import cuda
 from trainmem.hardware.gpus import GPU
 from trainmem.measure.accumulation import micro_batch_loss
-from trainmem.measure.ledger import StateBytes, TensorLedger, gradient_bytes, state_bytes
+from trainmem.measure.ledger import StateBytes, StateReader, TensorLedger, gradient_bytes, state_bytes
 from trainmem.measure.train import PROBE_STEPS
 
 from . import autocast, liger, mamba, quantized, states, trlhead
@@ -149,17 +149,19 @@ def simulate_step(build: Callable[[TensorLedger], Any], setup: TrainSetup,
     amp = AUTOCAST_DTYPES.get(precision or setup.precision)
 
     held: dict[str, Any] = {"model": None, "optimizer": None}
+    reader = StateReader()  # read at every allocation of a backward and an optimizer step where `splits`
 
     def states() -> StateBytes:
         if held["model"] is None:
             return StateBytes(0, 0, 0)
-        return state_bytes(held["model"], held["optimizer"])
+        return reader(held["model"], held["optimizer"], ledger.phase)
 
     ledger = SimulatedLedger(states).record(splits)  # events for the allocator replay
     ledger.gradients = lambda: gradient_bytes(held["model"]) if held["model"] is not None else 0
     ledger.kernels = CudaKernels(ledger, workspace)
     ledger.set_phase("build")
     with contextlib.ExitStack() as stack:
+        stack.enter_context(reader)
         if follow is not None:
             stack.enter_context(follow(ledger))
         return _steps(build, setup, amp, ledger, device, held, flash, sms)

@@ -139,11 +139,75 @@ def reached(model: Any, spec: ModelSpec) -> set[str] | None:
     return out
 
 
+REACH_CUT = 3
+"""The depth of the cut model whose step says what the loss reaches in a deep model of alike layers
+(`reached_by_cut`): its first, a middle and its last layer."""
+
+
+def reached_by_cut(model: Any, spec: ModelSpec, setup: TrainSetup, precision: str) -> set[str] | None:
+    """`reached(model, spec)`, read from the model cut to `REACH_CUT` layers where its decoder layers are alike
+    and deep enough that its step is composed from cut models (`compose.uniform`, `compose.MIN_LAYERS`): the
+    first layer as the cut's first, the last as its last, every other as its middle one. A step of the whole
+    model costs a second for an 8B and more for a 70B; one of three layers, a tenth of that. None where the
+    cut's step fails (as `reached`); the whole model's step where the layers differ, are too few, or a name
+    does not map onto the cut model."""
+    from .compose import MIN_LAYERS, uniform
+
+    text = spec.config.get("text_config") if isinstance(spec.config.get("text_config"), dict) else spec.config
+    layers = int(spec.text_config().num_hidden_layers)
+    if layers < MIN_LAYERS or not uniform(str(text.get("model_type", spec.config.get("model_type"))), text):
+        return reached(model, spec)
+    names = _layer_names(model, layers)
+    if names is None:
+        return reached(model, spec)
+    short = spec.cut(REACH_CUT)
+    cut = meta_model(short, setup, precision)
+    known = {name for name, _ in cut.named_parameters()}
+    mapped: dict[str, str] = {}
+    for name, _ in model.named_parameters():
+        where = _in_layer(name, names)
+        if where is not None:
+            prefix, i, rest = where
+            name_in_cut = f"{prefix}.{0 if i == 0 else REACH_CUT - 1 if i == layers - 1 else 1}{rest}"
+        else:
+            name_in_cut = name
+        if name_in_cut not in known:
+            return reached(model, spec)
+        mapped[name] = name_in_cut
+    hit = reached(cut, short)
+    return None if hit is None else {name for name, at in mapped.items() if at in hit}
+
+
+def _layer_names(model: Any, layers: int) -> dict[str, tuple[str, int]] | None:
+    """Each decoder layer's qualified name -> (its list's name, its index), where the model has `layers` of them
+    in one list (the modules FSDP2 shards as units: `fsdp.decoder_layers`), else None."""
+    from trainmem.fsdp import decoder_layers
+
+    ids = {id(m) for m in decoder_layers(model)}
+    out: dict[str, tuple[str, int]] = {}
+    for name, m in model.named_modules():
+        prefix, _, index = name.rpartition(".")
+        if id(m) in ids and index.isdigit():
+            out[name] = (prefix, int(index))
+    if len(out) != layers or len({prefix for prefix, _ in out.values()}) != 1:
+        return None
+    return out
+
+
+def _in_layer(name: str, layers: dict[str, tuple[str, int]]) -> tuple[str, int, str] | None:
+    """(the layers' list, the layer's index, the rest of the name) of a parameter inside a decoder layer."""
+    for at in (i for i, c in enumerate(name) if c == "."):
+        found = layers.get(name[:at])
+        if found is not None:
+            return found[0], found[1], name[at:]
+    return None
+
+
 def _build_inventory(spec: ModelSpec, setup: TrainSetup, precision: str) -> Inventory:
     model = meta_model(spec, setup, precision)
     wd = weight_bytes_per(precision)
     quant = quantizable(model) if setup.peft == "qlora" else set()
-    hit = reached(model, spec)
+    hit = reached_by_cut(model, spec, setup, precision)
     params = []
     for name, p in model.named_parameters():
         module, _, kind = name.rpartition(".")
