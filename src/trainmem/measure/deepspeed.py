@@ -32,7 +32,7 @@ import torch
 from trainmem.config.setup import TrainSetup
 from trainmem.config.specs import ModelSpec
 from trainmem.fsdp import fake_group
-from trainmem.result import Result, merge_ranks
+from trainmem.result import Result
 
 PRECISIONS = ("bf16", "amp-bf16", "fp32")
 """What the engine runs: DeepSpeed's fp16 needs its loss scaler, which trainmem's loop does not drive."""
@@ -164,7 +164,7 @@ def measure_zero_rank(spec: ModelSpec, setup: TrainSetup, device: str, precision
 
 def measure_deepspeed(spec: ModelSpec, setup: TrainSetup, device: str, precision: str) -> Result:
     """Rank `--rank` (or each in turn) of the `--gpus` N-rank ZeRO run, each under its own fake group."""
-    from .fake_rank import ranks_of
+    from .fake_rank import ranks_of, ranks_result
 
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if device == "cuda" else "cpu")  # read at DeepSpeed's import
     import deepspeed.utils
@@ -181,11 +181,7 @@ def measure_deepspeed(spec: ModelSpec, setup: TrainSetup, device: str, precision
         r.notes.append("DeepSpeed's flat buffers (gradient partitions and buckets"
                        + (", gathered parameters" if setup.shard == "zero3" else "") + ") count in `other`")
         rows.append(r.to_dict())
-    if len(rows) == 1:
-        return Result.from_dict(rows[0])
-    merged = merge_ranks(rows)
-    merged.env["emulated_world"] = n
-    return merged
+    return ranks_result(rows, n)
 
 
 __all__ = ["EngineStep", "PRECISIONS", "ds_config", "measure_deepspeed", "measure_zero_rank"]

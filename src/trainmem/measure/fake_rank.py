@@ -117,6 +117,11 @@ def measure_emulated(spec: ModelSpec, setup: TrainSetup, device: str, precision:
                        "with compute")
         r.notes.append("FSDP2: gathered (unsharded) layers count in `other` while they are gathered")
         rows.append(r.to_dict())
+    return ranks_result(rows, n)
+
+
+def ranks_result(rows: list[dict], n: int) -> Result:
+    """The result of emulated ranks of an n-rank run: the one rank's row, or every rank's merged (`merge_ranks`)."""
     if len(rows) == 1:
         return Result.from_dict(rows[0])
     merged = merge_ranks(rows)
@@ -124,4 +129,4 @@ def measure_emulated(spec: ModelSpec, setup: TrainSetup, device: str, precision:
     return merged
 
 
-__all__ = ["measure_emulated", "measure_rank_here", "ranks_of"]
+__all__ = ["measure_emulated", "measure_rank_here", "ranks_of", "ranks_result"]
