@@ -78,7 +78,8 @@ def main(out: Path, device: str) -> int:
             flags[flags.index("--seq-len") + 1] = "64"
             flags[flags.index("--precision") + 1] = "fp32"
         measured = trainmem("run", *flags, "--device", device)
-        estimated = trainmem("estimate", *[f for f in flags if f not in ("--steps", "4")], "--gpu", "H100")
+        steps = flags.index("--steps")
+        estimated = trainmem("estimate", *flags[:steps], *flags[steps + 2:], "--gpu", "H100")
         for name, row in (("measured", measured), ("estimates", estimated)):
             with open(out / f"sft-{name}.jsonl", "a") as f:
                 f.write(json.dumps({"preset": preset, "peft": peft, "batch": batch, **row}) + "\n")
