@@ -377,9 +377,7 @@ def _emit_run(sig: list[tuple], ref: list[int], big: Trace, runs: list[_Run], r:
             found = rules[(r, o)](t, n)
             if found[0] == "fixed":
                 ref.append(out_index(found[1]))
-            elif found[0] == "run":
-                ref.append(run_index(found[1], found[2], found[3]))
-            elif found[0] == "start":
+            elif found[0] in ("run", "start"):  # a period counted from its run's start
                 ref.append(run_index(found[1], found[2], found[3]))
             else:
                 ref.append(run_index(found[1], runs[found[1]].periods + extra - 1 - found[2], found[3]))
