@@ -422,7 +422,8 @@ def simulated_step(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU
         return simulate_step(model_builder(model, setup, precision, card), setup, precision,
                              workspace=card.cublas_workspace, flash=card.flash, sms=card.sms, splits=splits)[0]
 
-    layers = int(spec.text_config().num_hidden_layers)
+    # QLoRA's build holds one buffer that grows with the depth, which no cut composes: simulated whole at once
+    layers = int(spec.text_config().num_hidden_layers) if setup.peft != "qlora" else 0
     composed = compose.composed_step(spec.config, layers, lambda k: simulated(spec.cut(k), splits=True),
                                      compose.SHARDED_FIRST if setup.shard == "fsdp" else compose.CUTS[0])
     return composed if composed is not None else simulated(spec)
