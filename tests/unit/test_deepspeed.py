@@ -36,6 +36,18 @@ def test_a_zero_rank_keeps_its_share(shard, world, rank):
     assert r.memory["peak_allocated"] >= sum(ms.values())
 
 
+@pytest.mark.parametrize("precision", ["amp-bf16", "fp32"])
+def test_fp32_weights_get_an_fp32_partition_too(precision):
+    """Over fp32 weights DeepSpeed still steps a `.clone().float()` of the rank's partition: 12 bytes per parameter
+    over N, as over bf16 weights, and the estimate's rank states say the same."""
+    from trainmem import estimate
+
+    setup = TrainSetup(gpus=2, shard="zero2", rank=0, **{**BASE, "precision": precision})
+    r = execute(SPEC, setup)
+    assert r.status == "ok", r.error
+    assert abs(r.model_states["optimizer"] - estimate(SPEC, setup).model_states["optimizer"]) <= 2 * ALIGN
+
+
 def test_every_rank_in_turn_and_offload():
     r = execute(SPEC, TrainSetup(gpus=2, shard="zero3", rank="all", offload="params", **BASE))
     assert r.status == "ok", r.error

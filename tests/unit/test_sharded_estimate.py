@@ -85,6 +85,14 @@ def test_zero_and_offload_stay_analytic_and_say_unvalidated():
     assert b.method == "analytic"
 
 
+@pytest.mark.parametrize("precision", ["fp32", "amp-bf16", "bf16"])
+def test_a_zero_rank_keeps_an_fp32_partition_whatever_the_weights(precision):
+    """DeepSpeed's ZeRO optimizer steps an fp32 copy of the rank's partition beside Adam's two fp32 moments, over
+    bf16 weights and over fp32 ones alike: 12 bytes per trainable parameter over N (test_deepspeed.py measures it)."""
+    b = estimate(SPEC, TrainSetup(gpus=4, **{**BASE, "shard": "zero2", "precision": precision}))
+    assert b.model_states["optimizer"] == 12 * b.model["trainable_parameters"] // 4
+
+
 def test_analytic_fsdp_closed_form_is_checked_against_simulate():
     # amp-bf16: FSDP2 gathers bf16 weights itself, so no autocast weight copies and half-size gathered units
     setup = TrainSetup(gpus=2, batch_size=4, seq_len=256, precision="amp-bf16", shard="fsdp")

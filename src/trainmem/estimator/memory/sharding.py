@@ -51,9 +51,16 @@ def rank_states(weights: int, gradients: int, optimizer: int, trainable: int, ha
         # DeepSpeed's mixed-precision optimizer: fp32 master weights + fp32 Adam moments, K = 12
         optimizer = 12 * trainable
         notes.append("DeepSpeed mixed precision: fp32 master weights and moments, 12 bytes per trainable parameter")
+    elif shard.startswith("zero"):
+        # DeepSpeed's ZeRO optimizer steps an fp32 copy of the rank's flat partition even over fp32 weights
+        # (stage 1/2 `single_partition_of_fp32_groups`: `.clone().float()`; stage 3 `fp32_partitioned_groups_flat`),
+        # and the wrapped optimizer's `step` is one per flat group, not one per parameter tensor
+        optimizer += 4 * trainable - unsharded_optimizer
+        notes.append("DeepSpeed ZeRO: an fp32 copy of the rank's partition beside the optimizer's states, "
+                     "4 bytes per trainable parameter")
     else:
         optimizer -= unsharded_optimizer
-    opt = optimizer // n + (0 if shard.startswith("zero") and half_weights else unsharded_optimizer)
+    opt = optimizer // n + (0 if shard.startswith("zero") else unsharded_optimizer)
     if shard == "zero1":
         w, g = weights, gradients
     elif shard == "zero2":
