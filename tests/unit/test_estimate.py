@@ -11,7 +11,7 @@ import pytest
 import trainmem
 from trainmem import ModelSpec, SetupError, TrainSetup, estimate
 from trainmem.estimator.memory import analytic, quantized, states
-from trainmem.hardware.gpus import CATALOG
+from trainmem.hardware.gpus import CATALOG, find_gpu
 from trainmem.isolation.engines import execute
 
 TINY = dict(batch_size=2, seq_len=32, steps=2, num_samples=8, device="cpu")
@@ -586,3 +586,35 @@ def test_advice_is_checked_by_estimating_each_change(capsys):
     already = TrainSetup(batch_size=1, checkpointing=True, optimizer="adamw-8bit", peft="lora")
     assert changes(already, "activations") == [] and changes(already, "optimizer") == []
     assert [c for c, _ in changes(TrainSetup(optimizer="sgd"), "optimizer")] == ["--peft lora"]
+
+
+def test_advice_whose_states_alone_exceed_the_card_is_answered_without_an_estimate(monkeypatch):
+    """A change whose weights, gradients and optimizer states alone exceed the card cannot fit whatever its
+    activations: the check says so from the inventory (`states_floor`), a lower bound of what the estimate says,
+    and estimates only the changes under the card."""
+    from trainmem.cli.options import verdict_card
+    from trainmem.estimator import states_floor
+    from trainmem.output.render import checked_advice
+    from trainmem.search import advice
+
+    card = find_gpu("T4")
+    base = TrainSetup(batch_size=2, seq_len=256, precision="fp32", gpu="T4")
+    spec = ModelSpec.resolve("qwen2.5-0.5b")  # 0.49 G parameters: 2 GB of fp32 weights
+    cap = card.overhead("sdpa", "fp32", "none") + 3 * 2**30
+    setup = base.replace(memory_cap=cap)
+    capped = verdict_card(setup)
+    b = estimate(spec, setup, "analytic")
+    assert b.verdict(capped)["cut_first"] == "optimizer"
+    estimated: list[TrainSetup] = []
+    monkeypatch.setattr(advice, "estimate", lambda sp, s, method: estimated.append(s) or estimate(sp, s, method))
+    rows = advice.check(spec, setup, b, capped, 0.02, "analytic")
+    # 8-bit AdamW keeps 2 GB of weights and 2 GB of gradients: over the cap; LoRA's states are under it: estimated
+    assert [(r["change"], r["level"], r.get("floor")) for r in rows] == [
+        ("--optimizer adamw-8bit", "no", True), ("--peft lora", "no", None),
+        ("--optimizer adamw-8bit --peft lora", "no", None)]
+    assert [s.peft for s in estimated] == ["lora", "lora"]
+    for flags in ({"optimizer": "adamw-8bit"}, {"peft": "lora"}):
+        floor = states_floor(spec, base.replace(**flags), card)
+        assert floor <= estimate(spec, base.replace(**flags), "analytic").verdict(card)["need"]
+    assert checked_advice(rows, capped.name).startswith(
+        "no single change fits the 3.5 GiB cap: --optimizer adamw-8bit: needs over")

@@ -114,6 +114,26 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
                      terms, tuple(notes), env, time)
 
 
+def states_floor(spec: ModelSpec | str, setup: TrainSetup, gpu: str | GPU) -> int:
+    """A lower bound of what `setup` needs on `gpu` (the verdict's `need`), from the model's inventory alone, without
+    simulating a step: the weights, gradients and optimizer states one GPU holds (all live at once in the first
+    optimizer step; paged states live outside the allocator) plus the card's memory outside the allocator. Where it
+    exceeds the card, the setup does not fit whatever its activations: the checked advice says so without the
+    estimate, which for a large model simulated whole costs half a minute."""
+    spec = ModelSpec.resolve(spec) if isinstance(spec, str) else spec
+    setup = setup.validate(spec)
+    card = gpu if isinstance(gpu, GPU) else find_gpu(gpu)
+    precision = setup.resolved_precision(spec, "cuda")
+    inv = states.inventory(spec, setup, precision)
+    ms = {"weights": states.weights(inv), "gradients": states.gradients(inv),
+          "optimizer": states.optimizer(inv, setup.optimizer)}
+    if setup.distributed:
+        rank = _rank_states(inv, setup, precision, ms)
+        ms = {"weights": rank.weights, "gradients": rank.gradients, "optimizer": rank.optimizer}
+    held = ms["weights"] + ms["gradients"] + (0 if OPTIMIZERS[setup.optimizer].paged else ms["optimizer"])
+    return held + card.overhead(setup.attention, precision, setup.peft)
+
+
 def _setup_notes(spec: ModelSpec, setup: TrainSetup, method_note: str | None) -> list[str]:
     """What the answer should say about the setup itself: LoRA targets chosen for the user, attention that fell
     back to eager, why the method is not the one asked for (`_method`), the GPUs, `--data` priced as full
@@ -512,4 +532,4 @@ def _smallest_cap(events: list[tuple[int, int]], steady: int | None,
     return best, settled
 
 
-__all__ = ["estimate", "simulated_step", "Breakdown", "EstimateError", "METHODS", "ADVICE"]
+__all__ = ["estimate", "states_floor", "simulated_step", "Breakdown", "EstimateError", "METHODS", "ADVICE"]

@@ -149,11 +149,17 @@ class StateReader:
 
     def __call__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, epoch: Any = None
                  ) -> StateBytes:
+        return _state_bytes(model, optimizer, self._members(model, epoch))
+
+    def gradient_bytes(self, model: torch.nn.Module, epoch: Any = None) -> int:
+        """`gradient_bytes(model)` from the modules walked for this epoch."""
+        return _unique_bytes(gradient_tensors(model, self._members(model, epoch)[0]))
+
+    def _members(self, model: torch.nn.Module, epoch: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         key = (id(model), epoch)
         if self._modules is None or self._key != key:
             self._modules, self._key = [weakref.ref(m) for m in _walk(model)], key
-        found = _members_of(m for m in (ref() for ref in self._modules) if m is not None)
-        return _state_bytes(model, optimizer, found)
+        return _members_of(m for m in (ref() for ref in self._modules) if m is not None)
 
 
 def weight_tensors(model: torch.nn.Module, found: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None

@@ -82,8 +82,8 @@ def _gb(n: int) -> str:
 
 def checked_advice(checked: list[dict[str, Any]], card: str) -> str:
     """The changes the verdict suggests, each estimated: what it then needs and whether that fits."""
-    said = [f"{c['change']}: needs {_gb(c['need'])} GiB, {'fits' if c['level'] == 'fits' else c['level']}"
-            for c in checked]
+    said = [f"{c['change']}: needs over {_gb(c['need'])} GiB (its weights, gradients and optimizer states alone), no"
+            if c.get("floor") else f"{c['change']}: needs {_gb(c['need'])} GiB, {c['level']}" for c in checked]
     if any(c["level"] == "fits" for c in checked):
         return "checked: " + "; ".join(said)
     return f"no single change fits the {card}: " + "; ".join(said)

@@ -7,9 +7,11 @@ Example: llama-3.2-1b LoRA at batch 8 x 1024 tokens on an A10G needs 28.7 GiB; t
 The changes are the ones that lower the part to cut first and that the setup does not already make: for
 activations, checkpointing and half the micro-batch at twice the accumulation (the same effective batch); for
 optimizer states, 8-bit AdamW (for a full-precision Adam) and LoRA; for gradients, LoRA; for weights, QLoRA; for
-temporaries, fused AdamW (for foreach AdamW) and half the micro-batch. Limitation: each check is one more
-estimate of the setup, as long as the first (a few seconds for a small model, a minute for a large mixture of
-experts); a change the setup refuses (QLoRA on a model bitsandbytes cannot quantize) is left out.
+temporaries, fused AdamW (for foreach AdamW) and half the micro-batch. Each check is one more
+estimate of the setup, as long as the first (a few seconds for a small model, half a minute for a large mixture of
+experts), except where the changed setup's weights, gradients and optimizer states alone exceed the card
+(`states_floor`): that is answered from the model's inventory, as `needs over X GiB ... no`. A change the setup
+refuses (QLoRA on a model bitsandbytes cannot quantize) is left out.
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ from trainmem.config.optimizers import OPTIMIZERS
 from trainmem.config.setup import TrainSetup
 from trainmem.config.specs import ModelSpec
 from trainmem.errors import SetupError
-from trainmem.estimator import EstimateError, estimate
+from trainmem.estimator import EstimateError, estimate, states_floor
 from trainmem.estimator.breakdown import Breakdown
 from trainmem.hardware.cuda import MAMBA_FAMILIES
-from trainmem.hardware.gpus import GPU
+from trainmem.hardware.gpus import GPU, find_gpu
 
 OTHER_PATH = {"torch": ("kernels", "with mamba-ssm kernels"), "kernels": ("torch", "without mamba-ssm (PyTorch path)")}
 
@@ -76,7 +78,12 @@ def check(spec: ModelSpec, setup: TrainSetup, breakdown: Breakdown, card: str | 
 
 def _level(spec: ModelSpec, setup: TrainSetup, card: str | GPU, margin: float,
            method: str) -> dict[str, Any] | None:
+    """What the changed setup needs and its level; where its states alone exceed the card (`states_floor`),
+    that floor and `no`, marked `floor`, without estimating the step."""
     try:
+        floor = states_floor(spec, setup, card)
+        if floor > (card if isinstance(card, GPU) else find_gpu(card)).capacity:
+            return {"need": floor, "level": "no", "floor": True}
         v = estimate(spec, setup, method).verdict(card, margin)
     except (SetupError, EstimateError):
         return None
