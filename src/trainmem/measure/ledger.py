@@ -152,14 +152,25 @@ class StateReader:
         return _state_bytes(model, optimizer, self._members(model, epoch))
 
     def gradient_bytes(self, model: torch.nn.Module, epoch: Any = None) -> int:
-        """`gradient_bytes(model)` from the modules walked for this epoch."""
-        return _unique_bytes(gradient_tensors(model, self._members(model, epoch)[0]))
+        """`gradient_bytes(model)` from the modules walked for this epoch (their parameters' `.grad` only)."""
+        seen: set[int] = set()
+        grads = []
+        for m in self._walked(model, epoch):
+            for v in m._parameters.values():
+                if v is not None and id(v) not in seen:
+                    seen.add(id(v))
+                    if v.grad is not None:
+                        grads.append(v.grad)
+        return _unique_bytes(grads)
 
     def _members(self, model: torch.nn.Module, epoch: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        return _members_of(self._walked(model, epoch))
+
+    def _walked(self, model: torch.nn.Module, epoch: Any) -> list[torch.nn.Module]:
         key = (id(model), epoch)
         if self._modules is None or self._key != key:
             self._modules, self._key = [weakref.ref(m) for m in _walk(model)], key
-        return _members_of(m for m in (ref() for ref in self._modules) if m is not None)
+        return [m for m in (ref() for ref in self._modules) if m is not None]
 
 
 def weight_tensors(model: torch.nn.Module, found: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
