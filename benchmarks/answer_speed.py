@@ -61,11 +61,42 @@ def main(quick: bool) -> int:
     rows.append(("max-batch (target: 3x one estimate)", 3 * one, timed(tm + ["max-batch", *search], env)[0]))
     rows.append(("plan (target: 3x one estimate)", 3 * one,
                  timed(tm + ["plan", *search, "--target-batch", "32"], env)[0]))
+    rows.append(("the page's every-card table, a new 8B, every group simulated", 20.0, page_table(env)))
     print(f"{'answer':<52} {'target s':>9} {'measured s':>11}  met")
     for what, target, seconds in rows:
         met = "" if target is None else ("yes" if seconds <= target else "NO")
         print(f"{what:<52} {'' if target is None else f'{target:.1f}':>9} {seconds:>11.2f}  {met}", flush=True)
     return 0
+
+
+PAGE = """
+import os, sys, time
+from trainmem.serve.answers import Answers, Waiting
+from trainmem.serve.workers import Workers
+workers = Workers()  # as `trainmem serve` makes them: spawned at the first job, which pays torch's import
+answers = Answers(workers)
+form = {"model": "llama-3.1-8b", "peft": "lora", "batch_size": "4", "seq_len": "2048", "precision": "bf16",
+        "card": "A100-80GB"}
+t0 = time.perf_counter()
+while True:
+    got = answers.ask(form)
+    if not isinstance(got, Waiting) and got.pending == 0:
+        break
+    time.sleep(0.5)
+print(time.perf_counter() - t0, got.timed_out, got.groups)
+workers.close()
+answers.close()
+"""
+
+
+def page_table(env: dict[str, str]) -> float:
+    """Seconds from a new model's first ask of the page's answers (`serve.answers.Answers` with the worker pool
+    `trainmem serve` makes) until no runtime group is pending, polled as the page polls."""
+    p = subprocess.run([sys.executable, "-c", PAGE], env=env, capture_output=True, text=True)
+    if p.returncode != 0:
+        print(p.stderr[-2000:], file=sys.stderr)
+        return float("nan")
+    return float(p.stdout.split()[0])
 
 
 if __name__ == "__main__":
