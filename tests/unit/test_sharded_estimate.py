@@ -78,11 +78,24 @@ def test_two_estimates_in_one_process_leave_no_group_behind():
     assert a.memory == b.memory
 
 
-def test_zero_and_offload_stay_analytic_and_say_unvalidated():
+def test_zero_and_offload_stay_analytic_and_say_how_far_they_are_checked():
     b = estimate(SPEC, TrainSetup(gpus=2, **{**BASE, "shard": "zero3"}), "simulate")
-    assert b.method == "analytic" and any("unvalidated" in n for n in b.notes)
+    assert b.method == "analytic" and any("checked against ten DeepSpeed ZeRO ranks" in n for n in b.notes)
     b = estimate(SPEC, TrainSetup(gpus=2, offload="optimizer", **BASE), "simulate")
-    assert b.method == "analytic"
+    assert b.method == "analytic" and any("unvalidated" in n for n in b.notes)
+
+
+def test_a_zero3_rank_keeps_deepspeeds_live_parameters_gathered():
+    """DeepSpeed ZeRO-3 keeps up to `stage3_max_live_parameters` (1e9) gathered: the whole of a small model, 1e9
+    elements of a large one; and a ZeRO rank's reserved bytes take DeepSpeed's own ratio to allocated."""
+    from trainmem.estimator.memory import runtime, sharding
+
+    small = estimate(SPEC, TrainSetup(gpus=8, **{**BASE, "shard": "zero3", "precision": "bf16"}))
+    one = estimate(SPEC, TrainSetup(**{**BASE, "shard": "none", "precision": "bf16"}))
+    assert small.terms["gathered_units"] == one.model_states["weights"]
+    assert small.memory["peak_reserved"] == int(small.memory["peak_allocated"] * runtime.DEEPSPEED_RESERVED_OVER_ALLOCATED)
+    big = estimate("llama-3.2-1b", TrainSetup(gpus=8, shard="zero3", precision="bf16", batch_size=1, seq_len=128), "analytic")
+    assert abs(big.terms["gathered_units"] - sharding.ZERO3_MAX_LIVE * 2) <= 0.01 * sharding.ZERO3_MAX_LIVE * 2
 
 
 @pytest.mark.parametrize("precision", ["fp32", "amp-bf16", "bf16"])

@@ -15,6 +15,12 @@ docs/lab/data/validation-isolated-h200-2026-12-03.jsonl): the caching allocator'
 blocks. Only the analytic method uses it (autocast and sharded setups); simulate replays its allocations
 through the allocator's policy (`allocator.py`)."""
 
+DEEPSPEED_RESERVED_OVER_ALLOCATED = 1.25
+"""The same ratio for a DeepSpeed ZeRO rank: the median over ten ranks measured on an H100 (1.12-1.42; ZeRO-1/2/3,
+offload, worlds 2-8; docs/lab/zero-held-out-2026-12-06.md). DeepSpeed's flat buckets and partitions, allocated and
+freed around the model's own tensors, leave more cached free blocks than a plain step. Fitted to those ranks: in
+sample, not held out."""
+
 LOGITS_BACKWARD_BYTES = 8.4
 """Transient bytes per logit element (tokens x vocabulary) at the start of backward: the fp32 gradient
 of log-softmax and of its input; 8.26-8.57 measured across GPT-NeoX, Llama and Qwen2 (mean 8.4)."""

@@ -12,6 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+ZERO3_MAX_LIVE = 10**9
+"""Parameters (elements) a DeepSpeed ZeRO-3 rank keeps gathered at once: `stage3_max_live_parameters`, whose
+default transformers' `auto` config leaves, with `stage3_max_reuse_distance` at the same 1e9 (DeepSpeed's
+`zero/config.py`). Its backward holds that many gathered (or the whole model, if smaller): measured on an H100, the
+weights at the peak of a llama-3.2-1b ZeRO-3 rank were its shard plus 1,901-1,907 MiB, 1e9 bf16 elements
+(docs/lab/zero-held-out-2026-12-06.md)."""
+
+
 @dataclass(frozen=True)
 class RankStates:
     """Bytes one GPU holds, and the transient bytes of gathered (unsharded) units."""
@@ -30,14 +38,15 @@ class RankStates:
 
 def rank_states(weights: int, gradients: int, optimizer: int, trainable: int, half_weights: bool,
                 n: int, shard: str, offload: str, largest_layer: int, foreach_copy: bool,
-                unsharded_optimizer: int = 0) -> RankStates:
+                unsharded_optimizer: int = 0, zero3_live: int = 0) -> RankStates:
     """Per-GPU states for `shard` over `n` GPUs.
 
     `weights`/`gradients`/`optimizer` are the single-GPU bytes, `trainable` the trainable parameter count,
     `largest_layer` the bytes of the largest decoder layer's parameters (what FSDP/ZeRO-3 gathers),
     `foreach_copy`: the optimizer step makes a temporary copy of the (local) gradients,
     `unsharded_optimizer`: optimizer bytes every rank keeps whole (torch AdamW's 4-byte `step` per
-    parameter tensor, which FSDP2 does not shard: measured exactly by the fake-group and gloo runs).
+    parameter tensor, which FSDP2 does not shard: measured exactly by the fake-group and gloo runs),
+    `zero3_live`: the bytes of the parameters DeepSpeed ZeRO-3 keeps gathered at once (`ZERO3_MAX_LIVE`).
     FSDP2 pads dim 0 of each parameter to a multiple of `n`; the formulas leave that padding out.
     """
     notes: list[str] = []
@@ -67,7 +76,7 @@ def rank_states(weights: int, gradients: int, optimizer: int, trainable: int, ha
         w, g = weights, gradients // n
     else:  # zero3, fsdp: parameters sharded too, gathered a unit (decoder layer) at a time + one prefetched
         w, g = weights // n, gradients // n
-    gathered = 2 * largest_layer if shard in ("zero3", "fsdp") else 0
+    gathered = zero3_live if shard == "zero3" else 2 * largest_layer if shard == "fsdp" else 0
     host = 0
     if offload == "optimizer":
         host += opt + (4 * trainable // n if shard.startswith("zero") else 0)
