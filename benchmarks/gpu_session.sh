@@ -35,7 +35,7 @@ elif [ -n "${HELD_OUT:-}" ]; then
 elif [ "${ZERO:-0}" = 1 ]; then
   python3 -c "import deepspeed; print('deepspeed', deepspeed.__version__)" 2>&1 | tail -1 | tee -a $OUT/gpu.txt
   # one rank at a time: ten at once share the card's memory and run out of it (tried: eight of ten)
-  timeout ${ZERO_TIMEOUT:-420} python3 benchmarks/zero_ranks_gpu.py $OUT ${ZERO_ROWS:-0 1 2 3 4 5 6 7 8 9} > $OUT/zero-ranks.log 2>&1
+  timeout ${ZERO_TIMEOUT:-420} python3 benchmarks/zero_ranks_gpu.py $OUT --set ${ZERO_SET:-1} ${ZERO_ROWS:-0 1 2 3 4 5 6 7 8 9} > $OUT/zero-ranks.log 2>&1
   grep '^| [0-9]' $OUT/zero-ranks.log | sort -u -t'|' -k2,2n -k6,6 | tee $OUT/zero-ranks-rows.md
   if [ "${GPU_TESTS:-1}" = 1 ]; then
     timeout 200 python3 -m pytest -q tests/gpu -p no:cacheprovider 2>&1 | tail -15 | tee $OUT/gpu-tests.txt

@@ -1,7 +1,7 @@
 """One rank of a DeepSpeed ZeRO run, measured on one GPU through the fake process group (issue 40, item 3), beside
 trainmem's closed-form ZeRO estimate of the same setup: measured vs estimated peak_allocated and peak_reserved.
 
-    python benchmarks/zero_ranks_gpu.py OUT_DIR [INDEX ...]   # on a GPU with DeepSpeed importable
+    python benchmarks/zero_ranks_gpu.py OUT_DIR [--set 1|2] [INDEX ...]   # on a GPU with DeepSpeed importable
 
 Each rank runs as `trainmem run --device cuda --engine deepspeed --gpus N --shard zeroK --rank R` in a fresh
 process (`trainmem.isolation.runner.run`), 3 steps, up to 10 minutes; its row goes to OUT_DIR/zero-ranks.jsonl and
@@ -31,7 +31,26 @@ RANKS: list[tuple[str, dict]] = [
     ("qwen2.5-1.5b", dict(shard="zero3", gpus=8, precision="bf16", batch_size=2, seq_len=1024, offload="params")),
     ("qwen2.5-1.5b", dict(shard="zero2", gpus=8, precision="bf16", batch_size=2, seq_len=1024, rank=7)),
 ]
-"""Ten ranks over three dense presets: ZeRO-1/2/3, optimizer and parameter offload, worlds 2 to 8."""
+"""Ten ranks over three dense presets: ZeRO-1/2/3, optimizer and parameter offload, worlds 2 to 8 (set 1, measured
+at 8532e22; the estimator's ZeRO-3 live parameters and reserved ratio were fitted to it afterwards)."""
+
+RANKS_2: list[tuple[str, dict]] = [
+    ("qwen3-0.6b", dict(shard="zero2", gpus=4, precision="bf16", batch_size=4, seq_len=1024)),
+    ("qwen3-0.6b", dict(shard="zero3", gpus=8, precision="bf16", batch_size=2, seq_len=2048, rank=2, **CKPT)),
+    ("olmo-2-1b", dict(shard="zero1", gpus=4, precision="bf16", batch_size=2, seq_len=1024)),
+    ("olmo-2-1b", dict(shard="zero3", gpus=4, precision="amp-bf16", batch_size=2, seq_len=1024, **CKPT)),
+    ("llama-3.2-3b", dict(shard="zero3", gpus=8, precision="bf16", batch_size=1, seq_len=2048, **CKPT)),
+    ("llama-3.2-3b", dict(shard="zero2", gpus=8, precision="bf16", batch_size=1, seq_len=1024, offload="optimizer",
+                          **CKPT)),
+    ("polyglot-ko-1.3b", dict(shard="zero2", gpus=2, precision="fp32", batch_size=2, seq_len=512)),
+    ("stablelm-2-1.6b", dict(shard="zero3", gpus=8, precision="bf16", batch_size=2, seq_len=1024, offload="params")),
+    ("phi-2", dict(shard="zero1", gpus=8, precision="bf16", batch_size=1, seq_len=1024, peft="lora", **CKPT)),
+    ("gemma-3-1b", dict(shard="zero2", gpus=4, precision="bf16", batch_size=2, seq_len=1024)),
+]
+"""Set 2, held out for the fitted estimator: ten ranks over seven other presets, chosen at the commit that added
+them, before any ran."""
+
+SETS = {"1": RANKS, "2": RANKS_2}
 
 FIELDS = ("peak_allocated", "peak_reserved")
 
@@ -40,12 +59,15 @@ def main(argv: list[str]) -> int:
     from trainmem import ModelSpec, TrainSetup, estimate
     from trainmem.isolation.runner import run
 
-    out_dir, picks = argv[0], [int(a) for a in argv[1:]] or range(len(RANKS))
+    ranks = SETS["1"]
+    if len(argv) > 2 and argv[1] == "--set":
+        ranks, argv = SETS[argv[2]], argv[:1] + argv[3:]
+    out_dir, picks = argv[0], [int(a) for a in argv[1:]] or range(len(ranks))
     os.makedirs(out_dir, exist_ok=True)
     lines = ["| # | model | setup | field | measured MiB | estimated MiB | error % |", "|---|---|---|---|---|---|---|"]
     with open(os.path.join(out_dir, "zero-ranks.jsonl"), "a") as rows:
         for i in picks:
-            name, kw = RANKS[i]
+            name, kw = ranks[i]
             spec = ModelSpec.resolve(name)
             setup = TrainSetup(device="cuda", engine="deepspeed", steps=3, **kw)
             t0 = time.time()
