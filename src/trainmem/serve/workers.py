@@ -48,10 +48,6 @@ def _start(pids: Any) -> None:
     torch.set_num_threads(1)  # meta tensors compute nothing; the server's other process needs the other core
 
 
-def _started() -> None:
-    """The empty job that starts a worker (`Workers._pool`)."""
-
-
 @lru_cache(maxsize=16)
 def _spec(ref: tuple[str, ...]) -> Any:
     return resolve(ref)
@@ -115,14 +111,9 @@ class Workers:
         self._pool()
 
     def _pool(self) -> None:
-        """A new pool, its workers started at once: a spawned pool starts a worker per job submitted, and each
-        imports torch and the estimator first (`_start`, seconds), so a page's first simulations would wait for
-        that; one empty job per worker starts them while the page's first, analytic answer is worked out."""
         context = multiprocessing.get_context("spawn")
         self.pids = context.Queue()
         self.pool = ProcessPoolExecutor(self.processes, mp_context=context, initializer=_start, initargs=(self.pids,))
-        for _ in range(self.processes):
-            self.pool.submit(_started)
 
     def result(self, key: str, fn: Callable[..., tuple[str, Any]], *args: Any, limit: float = SIMULATE_TIMEOUT,
                what: str = "simulate", submit: bool = True) -> tuple[str, Any] | None:
