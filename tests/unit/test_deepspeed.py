@@ -48,6 +48,17 @@ def test_fp32_weights_get_an_fp32_partition_too(precision):
     assert abs(r.model_states["optimizer"] - estimate(SPEC, setup).model_states["optimizer"]) <= 2 * ALIGN
 
 
+def test_a_zero3_rank_leaves_torch_as_it_found_it():
+    """DeepSpeed's ZeRO-3 engine swaps `torch.nn.functional.linear` for its own autograd function and leaves it
+    so; an estimate later in the process would count its kernels and saved tensors. The engine puts it back."""
+    import torch.nn.functional as F
+
+    linear = F.linear
+    r = execute(SPEC, TrainSetup(gpus=4, shard="zero3", rank=1, **BASE))
+    assert r.status == "ok", r.error
+    assert F.linear is linear
+
+
 def test_every_rank_in_turn_and_offload():
     r = execute(SPEC, TrainSetup(gpus=2, shard="zero3", rank="all", offload="params", **BASE))
     assert r.status == "ok", r.error

@@ -126,6 +126,21 @@ def _rank_environment(rank: int, world: int) -> Iterator[None]:
                 os.environ[k] = v
 
 
+@contextlib.contextmanager
+def _torch_put_back() -> Iterator[None]:
+    """torch's functions as they were before the rank: a ZeRO-3 engine leaves `torch.nn.functional.linear` as its
+    own autograd function (`zero3_linear_wrap`, which saves other tensors for backward) and `torch.manual_seed`
+    wrapped, for the rest of the process; an estimate or a plan later in the same process would count its kernels
+    and tensors through them."""
+    import torch.nn.functional as F
+
+    linear, seed = F.linear, torch.manual_seed
+    try:
+        yield
+    finally:
+        F.linear, torch.manual_seed = linear, seed
+
+
 def measure_zero_rank(spec: ModelSpec, setup: TrainSetup, device: str, precision: str, rank: int,
                       world: int) -> Result:
     """Rank `rank` of the `world`-rank ZeRO run, in a process whose fake group is already initialised."""
@@ -173,7 +188,7 @@ def measure_deepspeed(spec: ModelSpec, setup: TrainSetup, device: str, precision
     n = setup.gpus
     rows = []
     for rank in ranks_of(setup):
-        with fake_group(rank, n), _rank_environment(rank, n):
+        with fake_group(rank, n), _rank_environment(rank, n), _torch_put_back():
             r = measure_zero_rank(spec, setup, device, precision, rank, n)
         r.notes.append(f"emulated: rank {rank} of {n} of DeepSpeed {setup.shard.upper()} through PyTorch's fake "
                        f"process group on one {'GPU' if device == 'cuda' else 'CPU process'}; not measured: "
