@@ -83,8 +83,7 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
     if paged:
         notes.append("paged optimizer states live in CUDA managed memory: outside peak_allocated, inside device_used")
     inv = states.inventory(spec, setup, precision)
-    model_states = {"weights": states.weights(inv), "gradients": states.gradients(inv),
-                    "optimizer": states.optimizer(inv, setup.optimizer)}
+    model_states = _model_states(inv, setup)
     memory, phase, terms, reserved, method = _memory(spec, setup, precision, inv, model_states, method, notes,
                                                      runtime_card, step, compare=card is not None and not paged)
     if setup.engine == "sft":
@@ -99,9 +98,7 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
     memory["peak_reserved"] = reserved if reserved is not None else int(memory["peak_allocated"] * _reserved_ratio(setup))
     overhead = runtime_card.overhead(setup.attention, precision, setup.peft)
     memory["device_used"] = memory["peak_reserved"] + overhead + (model_states["optimizer"] if paged else 0)
-    if setup.distributed:  # the states one GPU holds, as a measured rank reports them
-        rank = _rank_states(inv, setup, precision, model_states)
-        model_states = {"weights": rank.weights, "gradients": rank.gradients, "optimizer": rank.optimizer}
+    model_states = _per_gpu(inv, setup, precision, model_states)
     terms.update(_weight_terms(inv, setup, model_states, notes))
     time = _time(spec, inv, setup, precision, runtime_card, notes)
     installed = runtime.versions()
@@ -125,13 +122,23 @@ def states_floor(spec: ModelSpec | str, setup: TrainSetup, gpu: str | GPU) -> in
     card = gpu if isinstance(gpu, GPU) else find_gpu(gpu)
     precision = setup.resolved_precision(spec, "cuda")
     inv = states.inventory(spec, setup, precision)
-    ms = {"weights": states.weights(inv), "gradients": states.gradients(inv),
-          "optimizer": states.optimizer(inv, setup.optimizer)}
-    if setup.distributed:
-        rank = _rank_states(inv, setup, precision, ms)
-        ms = {"weights": rank.weights, "gradients": rank.gradients, "optimizer": rank.optimizer}
+    ms = _per_gpu(inv, setup, precision, _model_states(inv, setup))
     held = ms["weights"] + ms["gradients"] + (0 if OPTIMIZERS[setup.optimizer].paged else ms["optimizer"])
     return held + card.overhead(setup.attention, precision, setup.peft)
+
+
+def _model_states(inv: states.Inventory, setup: TrainSetup) -> dict[str, int]:
+    """The weights, gradients and optimizer states of the whole model on one GPU."""
+    return {"weights": states.weights(inv), "gradients": states.gradients(inv),
+            "optimizer": states.optimizer(inv, setup.optimizer)}
+
+
+def _per_gpu(inv: states.Inventory, setup: TrainSetup, precision: str, ms: dict[str, int]) -> dict[str, int]:
+    """The states one GPU holds: a rank's share under sharding, as a measured rank reports them, else `ms`."""
+    if not setup.distributed:
+        return ms
+    rank = _rank_states(inv, setup, precision, ms)
+    return {"weights": rank.weights, "gradients": rank.gradients, "optimizer": rank.optimizer}
 
 
 def _setup_notes(spec: ModelSpec, setup: TrainSetup, method_note: str | None) -> list[str]:
