@@ -618,3 +618,31 @@ def test_advice_whose_states_alone_exceed_the_card_is_answered_without_an_estima
         assert floor <= estimate(spec, base.replace(**flags), "analytic").verdict(card)["need"]
     assert checked_advice(rows, capped.name).startswith(
         "no single change fits the 3.5 GiB cap: --optimizer adamw-8bit: needs over")
+
+
+def test_a_step_over_several_caps_needs_one_figure_the_smallest_cap_that_runs_it():
+    """Every card a step does not fit is told the same need (the page's rows, one simulated step per runtime
+    group), found once: the smallest cap on the step's grid under which its replay runs, whatever cap it ran out
+    under first; no cap under the step's most live requested bytes holds it."""
+    from trainmem.estimator import NEED_RESOLUTION, _NEEDS, _live_peak, _replay, simulated_step
+    from trainmem.estimator.memory import allocator
+    from trainmem.estimator.memory.simulate import steady_start
+
+    spec = ModelSpec.resolve("tiny-llama")
+    setup = TrainSetup(batch_size=4, seq_len=256).validate(spec)
+    step = simulated_step(spec, setup, setup.resolved_precision(spec, "cuda"), find_gpu("H100"))
+    events, steady = step.events, steady_start(step)
+    floor = _live_peak(events)
+    with pytest.raises(allocator.AllocatorOOM):
+        allocator.replay_steps(events, steady, allocator.CachingAllocator(cap=floor - 1))
+    needs = []
+    for cap in (floor // 4, floor // 2, floor - 1):
+        notes: list[str] = []
+        needs.append(_replay(events, steady, cap, notes))
+        assert "the step needs" in notes[0]
+    assert len({(n.reserved, n.allocated) for n in needs}) == 1 and needs[0].reserved >= floor
+    assert _NEEDS[id(events)][0] is events  # found once, kept for the step
+    need = needs[0].reserved
+    allocator.replay_steps(events, steady, allocator.CachingAllocator(cap=need))
+    with pytest.raises(allocator.AllocatorOOM):
+        allocator.replay_steps(events, steady, allocator.CachingAllocator(cap=need - NEED_RESOLUTION - 1))

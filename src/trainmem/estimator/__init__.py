@@ -508,19 +508,19 @@ def _replay(events: list[tuple[int, int]], steady: int | None, cap: int | None, 
     repeated until the allocator's layout settles.
 
     A step that runs out under the cap needs more than the card has; how much more is the smallest cap under
-    which the same replay runs (`_smallest_cap`): what a card needs to hold this step, continuous with the
-    reserved bytes of setups that fit."""
+    which the same replay runs (`_need`): what a card needs to hold this step, continuous with the reserved
+    bytes of setups that fit."""
     a = allocator.CachingAllocator(cap=cap)
     try:
         settled = allocator.replay_steps(events, steady, a)
         replayed = _Replayed(a.peak_reserved, a.peak_allocated)
     except allocator.AllocatorOOM as e:
-        fitted, settled = _smallest_cap(events, steady, e.cap)
+        fitted, settled = _need(events, steady, e.cap)
         notes.append(f"does not fit the {e.cap / 2**30:.2f} GiB the allocator may hold: a {e.requested / 2**20:.0f} MiB "
                      f"request fails with {e.reserved / 2**30:.2f} GiB reserved; the step needs "
-                     f"{fitted.peak_reserved / 2**30:.2f} GiB reserved, the smallest cap under which the same "
+                     f"{fitted.reserved / 2**30:.2f} GiB reserved, the smallest cap under which the same "
                      "allocator replay runs (as exact as the simulation below it)")
-        replayed = _Replayed(fitted.peak_reserved, fitted.peak_allocated, e.requested)
+        replayed = dataclasses.replace(fitted, cap_request=e.requested)
     if not settled:
         notes.append(f"the allocator replay did not settle in {allocator.SETTLE_STEPS} more steps: later steps "
                      "may reserve more than estimated")
@@ -530,15 +530,56 @@ def _replay(events: list[tuple[int, int]], steady: int | None, cap: int | None, 
 NEED_RESOLUTION = 2 * 2**20
 """The smallest cap is searched to this many bytes: the large pool's segment rounding (allocator.ROUND_LARGE)."""
 
+_NEEDS: dict[int, tuple[list, _Replayed, bool]] = {}
+"""The need found for a step's events (by the list's id, the list kept so the id stays its own): every card of a
+runtime group replays one simulated step (`search.cards`), and a setup that fits none of them has one need."""
+_NEEDS_KEPT = 16
 
-def _smallest_cap(events: list[tuple[int, int]], steady: int | None,
-                  failed: int) -> tuple[allocator.CachingAllocator, bool]:
+
+def _need(events: list[tuple[int, int]], steady: int | None, failed: int) -> tuple[_Replayed, bool]:
+    """The step's need: the replay under the smallest cap under which it runs, and whether that replay settled.
+    Searched once per step, on one grid: from just under the step's most live requested bytes (`_live_peak`,
+    which no cap below holds) up, so that every card the step does not fit is told the same figure; where a
+    cap it ran out under (`failed`) is at or above that figure (memory not monotone in the cap), again above it."""
+    kept = _NEEDS.get(id(events))
+    if kept is None or kept[0] is not events:
+        top = allocator.CachingAllocator()
+        settled = allocator.replay_steps(events, steady, top)
+        kept = (events, *_smallest_cap(events, steady, _live_peak(events) - 1, top, settled))
+        _NEEDS[id(events)] = kept
+        while len(_NEEDS) > _NEEDS_KEPT:
+            del _NEEDS[next(iter(_NEEDS))]
+    need, settled = kept[1], kept[2]
+    if need.reserved > failed:
+        return need, settled
+    top = allocator.CachingAllocator()
+    return _smallest_cap(events, steady, failed, top, allocator.replay_steps(events, steady, top))
+
+
+def _live_peak(events: list[tuple[object, int]]) -> int:
+    """The most bytes the events hold at once, as requested: any allocator's blocks hold at least that much."""
+    from trainmem.measure.ledger import EMPTY_CACHE, STREAM
+
+    sizes: dict[object, int] = {}
+    live = peak = 0
+    for key, n in events:
+        if key == EMPTY_CACHE or key == STREAM:
+            continue
+        if n < 0:
+            live -= sizes.pop(key, 0)
+        else:
+            sizes[key] = n
+            live += n
+            peak = max(peak, live)
+    return peak
+
+
+def _smallest_cap(events: list[tuple[int, int]], steady: int | None, failed: int,
+                  top: allocator.CachingAllocator, settled: bool) -> tuple[_Replayed, bool]:
     """The replay under the smallest cap above `failed` (a cap it ran out under) under which it runs, found by
     bisection to `NEED_RESOLUTION`, and whether that replay settled. Without a cap the allocator never frees
-    its cache, so the uncapped peak bounds the search from above (a cap that high is never reached); under a
-    tighter cap a full allocator releases its free segments and retries, as a card of that size would."""
-    top = allocator.CachingAllocator()
-    settled = allocator.replay_steps(events, steady, top)
+    its cache, so the uncapped replay `top` bounds the search from above (a cap that high is never reached);
+    under a tighter cap a full allocator releases its free segments and retries, as a card of that size would."""
     best, lo, hi = top, failed, max(top.peak_reserved, failed + NEED_RESOLUTION)
     while hi - lo > NEED_RESOLUTION:
         mid = (lo + hi) // 2
@@ -549,7 +590,7 @@ def _smallest_cap(events: list[tuple[int, int]], steady: int | None,
             lo = mid
             continue
         best, settled, hi = a, ok, mid
-    return best, settled
+    return _Replayed(best.peak_reserved, best.peak_allocated), settled
 
 
 __all__ = ["estimate", "states_floor", "simulated_step", "Breakdown", "EstimateError", "METHODS", "ADVICE"]
