@@ -4,7 +4,7 @@ estimated need (it must run out of memory) and just above it (it must train).
     python benchmarks/need_gpu.py OUT_DIR          # on a CUDA GPU: OUT_DIR/need-caps.jsonl
 
 The need is what `estimate` reports for a setup that does not fit: the smallest allocator cap under which the
-simulated step's allocator replay runs (`trainmem.estimator._smallest_cap`), found here by estimating each setup
+simulated step's allocator replay runs (`trainmem.estimator._need`), found here by estimating each setup
 under a 1 GiB cap, which none fits. Each run is a fresh `trainmem run` process (`--memory-cap` bytes), as a
 user's would be; SIDE is how far below and above the need the two caps are. SETUPS were chosen before any ran.
 """

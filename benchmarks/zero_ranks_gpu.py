@@ -48,7 +48,7 @@ RANKS_2: list[tuple[str, dict]] = [
     ("gemma-3-1b", dict(shard="zero2", gpus=4, precision="bf16", batch_size=2, seq_len=1024)),
 ]
 """Set 2, held out for the fitted estimator: ten ranks over seven other presets, chosen at the commit that added
-them, before any ran."""
+them (647a43d), before any ran; measured at 1e4491e (docs/lab/zero-held-out-2026-12-06.md)."""
 
 SETS = {"1": RANKS, "2": RANKS_2}
 
