@@ -73,10 +73,13 @@ def test_the_chapter_groups_are_the_runtimes_of_the_catalog(chapter_spec):
 
 @pytest.mark.parametrize("fields", [dict(peft="qlora", checkpointing=True, precision="fp16"),
                                     dict(gpus=2, shard="fsdp", precision="bf16"),
-                                    dict(optimizer="paged-adamw-8bit", precision="bf16", grad_accum=2)])
+                                    dict(optimizer="paged-adamw-8bit", precision="bf16", grad_accum=2),
+                                    dict(kernels="liger", precision="bf16"),
+                                    dict(attention="flash_attention_2", precision="bf16")])
 def test_qlora_fsdp_and_paged_compose_as_estimate_does(fields):
     """QLoRA groups by the capped warm-up too; FSDP2 simulates no card (one group); paged states live outside
-    the allocator. Each composed Breakdown is still exactly `estimate`'s."""
+    the allocator; Liger's and flash-attn's kernels, which only the simulation prices, group by the SM count too
+    (A10G and A100-40GB apart). Each composed Breakdown is still exactly `estimate`'s."""
     spec = trainmem.ModelSpec.resolve("tiny-llama")
     setup = trainmem.TrainSetup(batch_size=2, seq_len=32, **fields)
     cards = ["T4", "A10G", "A100-40GB", "H100-80GB"]
@@ -88,7 +91,8 @@ def test_qlora_fsdp_and_paged_compose_as_estimate_does(fields):
             assert answers[name].problems == e.problems
             continue
         assert _made(answers[name]) == _made(want), name
-    assert len(groups(spec, setup, cards)) == (1 if fields.get("shard") == "fsdp" else 3)
+    by_sms = "kernels" in fields or "attention" in fields
+    assert len(groups(spec, setup, cards)) == (1 if fields.get("shard") == "fsdp" else 4 if by_sms else 3)
 
 
 def test_a_card_that_cannot_run_the_setup_is_its_problem_not_a_failure():

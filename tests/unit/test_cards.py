@@ -298,3 +298,17 @@ def test_gpu_left_out_means_this_card(monkeypatch):
     assert card.context == derived_context((8, 6), 26)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert gpus.this_card() is None
+
+
+def test_kernels_that_read_the_sm_count_group_cards_by_it_too():
+    """Liger's RMSNorm keeps a partial row per SM and flash-attn splits by SMs: their simulated step differs
+    between an A10G (80 SMs) and an A100 (108) of one cuBLAS workspace and flash kernel; plain SDPA's does not."""
+    from trainmem import ModelSpec
+    from trainmem.search.cards import groups
+
+    spec = ModelSpec.resolve("tiny-llama")
+    cards = ["A10G", "A100-40GB", "RTX-4090"]
+    plain = TrainSetup(precision="bf16")
+    assert [[c.name for c in g] for g in groups(spec, plain, cards)] == [cards]
+    for setup in (plain.replace(kernels="liger"), plain.replace(attention="flash_attention_2")):
+        assert [[c.name for c in g] for g in groups(spec, setup, cards)] == [[c] for c in cards]

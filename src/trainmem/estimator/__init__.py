@@ -46,6 +46,26 @@ class EstimateError(RuntimeError):
     """A model neither method can estimate: the one line says why (the CLI prints it, exit 1)."""
 
 
+def simulated_only(setup: TrainSetup) -> str | None:
+    """What of `setup` only the simulate method prices (its flag and value, and why), else None: kernels whose
+    memory the simulated step's stand-ins allocate."""
+    if setup.kernels == "liger":
+        return "--kernels liger (Liger's kernels are priced by simulating the step)"
+    if setup.mamba_path == "kernels":
+        return "--mamba-path kernels (the Mamba kernels are priced by simulating the step)"
+    if setup.attention in cuda.FLASH_ATTENTIONS:
+        return f"--attention {setup.attention} (flash-attn's kernels are priced by simulating the step)"
+    if setup.engine == "sft" and not setup.distributed:
+        return "--engine sft (TRL's fused LM head is priced by simulating the step)"
+    return None
+
+
+def reads_sms(setup: TrainSetup) -> bool:
+    """Whether the simulated step depends on the card's SM count: Liger's RMSNorm keeps a partial row per SM,
+    the Mamba kernels and flash-attn split their work by it (TRL's head does not)."""
+    return setup.kernels == "liger" or setup.mamba_path == "kernels" or setup.attention in cuda.FLASH_ATTENTIONS
+
+
 def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str = "auto", *,
              step: Any = None) -> Breakdown:
     """The memory breakdown of `setup` on one CUDA GPU. Raises SetupError for bad input.
@@ -59,18 +79,8 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
     setup = (setup or TrainSetup()).validate(spec)
     if method not in METHODS:
         raise SetupError([f"--method: {method!r} is not one of {', '.join(METHODS)}"])
-    if method == "analytic" and setup.kernels == "liger":
-        raise SetupError(["--method analytic: does not model --kernels liger (Liger's kernels are priced by "
-                          "simulating the step); use --method simulate or auto"])
-    if method == "analytic" and setup.mamba_path == "kernels":
-        raise SetupError(["--method analytic: does not model --mamba-path kernels (the Mamba kernels are priced by "
-                          "simulating the step); use --method simulate or auto"])
-    if method == "analytic" and setup.attention in cuda.FLASH_ATTENTIONS:
-        raise SetupError([f"--method analytic: does not model --attention {setup.attention} (flash-attn's kernels are "
-                          "priced by simulating the step); use --method simulate or auto"])
-    if method == "analytic" and setup.engine == "sft" and not setup.distributed:
-        raise SetupError(["--method analytic: does not model --engine sft (TRL's fused LM head is priced by "
-                          "simulating the step); use --method simulate or auto"])
+    if method == "analytic" and (why := simulated_only(setup)):
+        raise SetupError([f"--method analytic: does not model {why}; use --method simulate or auto"])
     precision = setup.resolved_precision(spec, "cuda")
     method, why = _method(setup, method)
     notes = _setup_notes(spec, setup, why)
@@ -593,4 +603,4 @@ def _smallest_cap(events: list[tuple[int, int]], steady: int | None, failed: int
     return _Replayed(best.peak_reserved, best.peak_allocated), settled
 
 
-__all__ = ["estimate", "states_floor", "simulated_step", "Breakdown", "EstimateError", "METHODS", "ADVICE"]
+__all__ = ["estimate", "simulated_only", "reads_sms", "states_floor", "simulated_step", "Breakdown", "EstimateError", "METHODS", "ADVICE"]

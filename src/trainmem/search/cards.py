@@ -33,7 +33,7 @@ from typing import Any
 from trainmem.config.setup import TrainSetup
 from trainmem.config.specs import ModelSpec
 from trainmem.errors import SetupError
-from trainmem.estimator import METHODS, estimate, simulated_step
+from trainmem.estimator import METHODS, estimate, reads_sms, simulated_only, simulated_step
 from trainmem.estimator.breakdown import Breakdown
 from trainmem.estimator.memory import analytic, quantized, sharded, states
 from trainmem.hardware.gpus import CATALOG, GPU, find_gpu, gpu_problem
@@ -73,9 +73,10 @@ def analytic_knows(spec: ModelSpec, setup: TrainSetup) -> bool:
     return True
 
 
-def runtime_key(card: GPU) -> tuple[int, bool]:
-    """What the analytic estimate takes from the card's runtime: the cuBLAS workspace and the flash kernel."""
-    return card.cublas_workspace, card.flash
+def runtime_key(card: GPU, setup: TrainSetup | None = None) -> tuple[int, ...]:
+    """What an estimate takes from the card's runtime: the cuBLAS workspace and the flash kernel, and the SM count
+    where `setup`'s simulated kernels read it (`reads_sms`)."""
+    return (card.cublas_workspace, card.flash, *((card.sms,) if setup is not None and reads_sms(setup) else ()))
 
 
 def groups(spec: ModelSpec, setup: TrainSetup, cards: Iterable[str | GPU] | None = None) -> list[list[GPU]]:
@@ -93,7 +94,7 @@ def groups(spec: ModelSpec, setup: TrainSetup, cards: Iterable[str | GPU] | None
     by: dict[tuple[Any, ...], list[GPU]] = {}
     for card in cards:
         capped = None if warmup is None else min(warmup, card.capacity - quantized.WARMUP_HEADROOM)
-        by.setdefault((*runtime_key(card), capped), []).append(card)
+        by.setdefault((*runtime_key(card, setup), capped), []).append(card)
     return list(by.values())
 
 
@@ -107,7 +108,7 @@ def estimate_cards(spec: ModelSpec | str, setup: TrainSetup, cards: Iterable[str
         raise SetupError([f"--method: {method!r} is not one of {', '.join(METHODS)}"])
     cards = cards_of(cards)
     setup = setup.replace(gpu=None).validate(spec)
-    composed = simulates(setup, method) and analytic_knows(spec, setup)
+    composed = simulates(setup, method) and not simulated_only(setup) and analytic_knows(spec, setup)
     out: dict[str, Breakdown | SetupError] = {}
     for card in cards:
         try:
@@ -154,7 +155,7 @@ def _largest_in_group(spec: ModelSpec, setup: TrainSetup, group: list[GPU], marg
 
 
 def _analytic_groups(cards: list[GPU]) -> list[list[GPU]]:
-    by: dict[tuple[int, bool], list[GPU]] = {}
+    by: dict[tuple[int, ...], list[GPU]] = {}
     for card in cards:
         by.setdefault(runtime_key(card), []).append(card)
     return list(by.values())
