@@ -148,3 +148,15 @@ def test_plan_cluster_on_a_tiny_model_ranks_and_its_winner_fits():
     assert plan.comm(sharded) > 0 and plan.gpu_hours(sharded) == pytest.approx(
         -(-10**6 // (4 * 32)) * sharded.step_s * 2 / 3600)
     assert dataclasses.asdict(plan.options[0])["checked"] == "analytic"
+
+
+def test_a_plan_listing_an_offload_row_says_its_cpu_step_is_not_timed():
+    """Parameter offload steps the optimizer on the CPU, whose time the step model does not price: a plan that
+    lists such a row says so under its table."""
+    from trainmem.search.cluster import OFFLOAD_TIME, plan_cluster
+
+    plan = plan_cluster(ModelSpec.resolve("llama-3.1-8b"), TrainSetup(precision="amp-bf16", seq_len=2048),
+                        parse_cluster("2x8xH100"), 64)
+    listed = {o.setup.offload for o in plan.options}
+    assert (OFFLOAD_TIME in plan.notes) == (listed != {"none"})
+    assert listed != {"none"}  # this plan lists offload rows: the note's case is exercised

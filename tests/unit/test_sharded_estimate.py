@@ -169,11 +169,12 @@ def test_offload_says_the_host_memory_each_rank_and_node_needs(shard, offload):
     b = estimate(SPEC, setup, "analytic")
     trainable = b.model["trainable_parameters"]
     n = 4 if shard == "fsdp" else 8  # FSDP over two nodes is HSDP: sharded within a node; ZeRO over all 8
-    if offload == "optimizer":
-        moments = 12 * trainable if shard.startswith("zero") else one.model_states["optimizer"]
-        expected = moments // n + (4 * trainable // n if shard.startswith("zero") else 0)
-    else:
-        expected = one.model_states["weights"] // n
+    # the optimizer's share in either case: parameter offload steps the optimizer on the CPU as well
+    moments = 12 * trainable if shard.startswith("zero") else one.model_states["optimizer"]
+    expected = moments // n + (4 * trainable // n if shard.startswith("zero") else 0)
+    if offload == "params":
+        expected += one.model_states["weights"] // n
+        assert b.model_states["optimizer"] == 0 and b.model_states["weights"] == 0
     # FSDP's rank keeps torch AdamW's unsharded step scalars whole; ZeRO's formulas take the rest to 1/N
     assert abs(b.terms["host_memory_per_rank"] - expected) <= 4 * 64
     assert any(f"{4 * b.terms['host_memory_per_rank'] / 2**30:.1f} GiB for the 4 ranks of a node" in n for n in b.notes)

@@ -72,7 +72,7 @@ SETUP_FLAGS: dict[str, tuple[str, str]] = {
     "--network": ("network", "the link between nodes, per GPU: ib-ndr (default, 400 Gb/s), ib-hdr, roce-400, roce-200"),
     "--rank": ("rank", "R|all: measure rank R (or each in turn) of the --gpus N --shard fsdp run in one "
                "process through PyTorch's fake process group (default on CUDA: rank 0)"),
-    "--offload": ("offload", "none|optimizer|params: ZeRO/FSDP offload to CPU memory (estimate)"),
+    "--offload": ("offload", "none|optimizer|params: ZeRO/FSDP offload to CPU memory (params: the optimizer states too)"),
     "--engine": ("engine", f"{'|'.join(ENGINES)}: trainmem's loop, transformers.Trainer or TRL's SFTTrainer "
                  "with MemoryCallback (default loop; an SFTConfig in --training-args sets sft); estimate prices sft "
                  "with TRL's fused LM head"),

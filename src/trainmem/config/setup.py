@@ -128,7 +128,8 @@ class TrainSetup:
     shard: str = "none"
     """How states are spread over `gpus`: none, ddp, zero1, zero2, zero3 (DeepSpeed ZeRO) or fsdp."""
     offload: str = "none"
-    """ZeRO/FSDP offload to CPU memory: none, optimizer or params."""
+    """ZeRO/FSDP offload to CPU memory: none, optimizer, or params (the parameters and the optimizer states, as
+    DeepSpeed's `offload_param` beside `offload_optimizer` and FSDP2's `CPUOffloadPolicy` place them)."""
     nodes: int = 1
     """Machines the `gpus` ranks span (`gpus` stays the world size and must split evenly over them). With
     `shard` fsdp and more than one node the run is HSDP: sharded within a node, replicated across nodes."""

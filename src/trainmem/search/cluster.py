@@ -102,10 +102,17 @@ def plan_cluster(spec: ModelSpec, base: TrainSetup, cluster: Cluster, target: in
         found = _search(spec, base, cluster, target, allow, margin, estimate_fn, shapes, plan)
     found.sort(key=lambda o: (float(f"{o.step_s:.3g}"), o.setup.gpus, o.need))
     plan.options = found[:top]
+    if any(o.setup.offload != "none" for o in plan.options):
+        plan.notes.append(OFFLOAD_TIME)
     if confirm and plan.options:
         with status("simulating the winner's rank..."):
             plan.options[0] = _confirm(spec, plan.options[0], cluster, margin, estimate_fn, plan)
     return plan
+
+
+OFFLOAD_TIME = ("offload rows: their host transfers are timed (PCIe), the optimizer step on the host CPU is not (it "
+                "is taken at the GPU's speed), so an offload row ranks higher here than its real step time would put it")
+"""Said under a plan that lists an offload layout: no sourced figure for a CPU optimizer step's speed is in trainmem."""
 
 
 def _search(spec: ModelSpec, base: TrainSetup, cluster: Cluster, target: int, allow: tuple[str, ...],

@@ -78,7 +78,7 @@ def rank_states(weights: int, gradients: int, optimizer: int, trainable: int, ha
         w, g = weights // n, gradients // n
     gathered = zero3_live if shard == "zero3" else 2 * largest_layer if shard == "fsdp" else 0
     host = 0
-    if offload == "optimizer":
+    if offload in ("optimizer", "params"):  # parameter offload steps the optimizer on the CPU too
         host += opt + (4 * trainable // n if shard.startswith("zero") else 0)
         opt = 0
         notes.append("optimizer states offloaded to CPU memory")
