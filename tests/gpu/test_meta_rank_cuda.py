@@ -3,9 +3,10 @@ its shards are materialised, so a model twice the GPU's size loads. Each rank ru
 (`trainmem.run`), three steps; the test prints its measured peaks beside the estimate of the same setup (computed
 here on the CPU: minutes). Run with `-s` to see the comparison.
 
-World 16 is not measured for full amp-bf16 fine-tuning: the estimate puts its optimizer step at 82 GiB allocated
-(fp32 master weights, gradients and two Adam moments of 17.6 GB each, plus foreach AdamW's 17.6 GB temporary),
-above an H100's 79 GiB; world 24 is the smallest multiple of 8 that fits (55 GiB allocated, 60 GiB reserved)."""
+World 16 full amp-bf16 runs on a card of more than 100 GiB only (skipped on an 80 GB one): the estimate puts its
+optimizer step at 82 GiB allocated (fp32 master weights, gradients and two Adam moments of 17.6 GB each, plus foreach
+AdamW's 17.6 GB temporary), above an H100's 79 GiB; world 24 is the smallest multiple of 8 that fits an H100 (55 GiB
+allocated, 60 GiB reserved)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,13 @@ GiB = 2**30
 
 
 @pytest.mark.parametrize("world,kw", [(64, dict(peft="lora", precision="bf16")),
-                                      (24, dict(peft="none", precision="amp-bf16"))])
+                                      (24, dict(peft="none", precision="amp-bf16")),
+                                      (16, dict(peft="none", precision="amp-bf16"))])
 def test_a_70b_rank_loads_only_its_shard_and_trains_on_one_gpu(world, kw):
+    import torch
+
+    if world == 16 and torch.cuda.get_device_properties(0).total_memory < 100 * GiB:
+        pytest.skip("world 16 full amp-bf16 needs about 82 GiB allocated: an H200, not an 80 GB card")
     setup = TrainSetup(batch_size=1, seq_len=1024, steps=3, checkpointing=True, device="cuda", gpus=world,
                        shard="fsdp", rank=1, **kw)
     r = run(SPEC.name, setup, timeout=900)
