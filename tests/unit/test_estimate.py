@@ -527,6 +527,18 @@ def test_the_estimate_advises_from_its_own_setup():
     assert eight_bit["advice"] == "optimizer states: train adapters only with --peft lora"
 
 
+def test_where_the_states_alone_exceed_the_card_they_are_cut_first():
+    """llama-3.2-3b full bf16 at batch 8 x 2048 on an A10G: activations are the largest part of the peak, but the
+    weights, gradients and AdamW states alone (24 GiB) exceed the card, so no cut of activations can make it fit:
+    the part to cut first is the largest of the states, and its advice lowers them."""
+    b = estimate("llama-3.2-3b", TrainSetup(precision="bf16", batch_size=8, seq_len=2048), "analytic")
+    v = b.verdict("A10G")
+    assert b.memory["activations"] > max(b.memory[k] for k in ("weights", "gradients", "optimizer", "other"))
+    assert sum(b.model_states.values()) > find_gpu("A10G").capacity
+    assert v["cut_first"] == "optimizer" and v["advice"].startswith("optimizer states: --optimizer adamw-8bit")
+    assert b.verdict("A100-40GB")["cut_first"] == "activations"  # the states fit there: activations first
+
+
 def test_a_mixture_of_experts_shows_its_experts_weights_apart():
     """Every expert is held whichever the tokens pick: the breakdown gives the fused experts' bytes apart, the
     terminal as a row under the weights; a dense model has no such row."""

@@ -122,7 +122,11 @@ class Breakdown:
         headroom = card.budget(margin) - need
         level = level_of(need, card, margin)
         parts = {k: self.memory[k] for k in ("weights", "gradients", "optimizer", "activations", "other")}
-        cut = max(parts, key=parts.get)  # type: ignore[arg-type]
+        states = {k: self.model_states.get(k, 0) for k in ("weights", "gradients", "optimizer")}
+        # the part that keeps the setup off the card: where the states alone exceed it, the largest of them (no
+        # cut of activations can help), else the largest part of the peak
+        over = sum(states.values()) + overhead > card.capacity
+        cut = max(states if over else parts, key=(states if over else parts).get)  # type: ignore[arg-type]
         # foreach AdamW's step copies the (local) gradients: what adamw-fused would save of `other`
         copies = self.terms.get("optimizer_step_temporaries", self.model_states.get("gradients", 0))
         foreach = copies / parts["other"] if parts["other"] > 0 else 0.0
