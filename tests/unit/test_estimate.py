@@ -636,7 +636,7 @@ def test_a_step_over_several_caps_needs_one_figure_the_smallest_cap_that_runs_it
     """Every card a step does not fit is told the same need (the page's rows, one simulated step per runtime
     group), found once: the smallest cap on the step's grid under which its replay runs, whatever cap it ran out
     under first; no cap under the step's most live requested bytes holds it."""
-    from trainmem.estimator import NEED_RESOLUTION, _NEEDS, _live_peak, _replay, simulated_step
+    from trainmem.estimator import NEED_RESOLUTION, _NEEDS, _replay, simulated_step
     from trainmem.estimator.memory import allocator
     from trainmem.estimator.memory.simulate import steady_start
 
@@ -644,7 +644,7 @@ def test_a_step_over_several_caps_needs_one_figure_the_smallest_cap_that_runs_it
     setup = TrainSetup(batch_size=4, seq_len=256).validate(spec)
     step = simulated_step(spec, setup, setup.resolved_precision(spec, "cuda"), find_gpu("H100"))
     events, steady = step.events, steady_start(step)
-    floor = _live_peak(events)
+    floor = allocator.live_peak(events)
     with pytest.raises(allocator.AllocatorOOM):
         allocator.replay_steps(events, steady, allocator.CachingAllocator(cap=floor - 1))
     needs = []

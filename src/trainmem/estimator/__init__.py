@@ -548,14 +548,14 @@ _NEEDS_KEPT = 16
 
 def _need(events: list[tuple[int, int]], steady: int | None, failed: int) -> tuple[_Replayed, bool]:
     """The step's need: the replay under the smallest cap under which it runs, and whether that replay settled.
-    Searched once per step, on one grid: from just under the step's most live requested bytes (`_live_peak`,
+    Searched once per step, on one grid: from just under the step's most live requested bytes (`live_peak`,
     which no cap below holds) up, so that every card the step does not fit is told the same figure; where a
     cap it ran out under (`failed`) is at or above that figure (memory not monotone in the cap), again above it."""
     kept = _NEEDS.get(id(events))
     if kept is None or kept[0] is not events:
         top = allocator.CachingAllocator()
         settled = allocator.replay_steps(events, steady, top)
-        kept = (events, *_smallest_cap(events, steady, _live_peak(events) - 1, top, settled))
+        kept = (events, *_smallest_cap(events, steady, allocator.live_peak(events) - 1, top, settled))
         _NEEDS[id(events)] = kept
         while len(_NEEDS) > _NEEDS_KEPT:
             del _NEEDS[next(iter(_NEEDS))]
@@ -564,24 +564,6 @@ def _need(events: list[tuple[int, int]], steady: int | None, failed: int) -> tup
         return need, settled
     top = allocator.CachingAllocator()
     return _smallest_cap(events, steady, failed, top, allocator.replay_steps(events, steady, top))
-
-
-def _live_peak(events: list[tuple[object, int]]) -> int:
-    """The most bytes the events hold at once, as requested: any allocator's blocks hold at least that much."""
-    from trainmem.measure.ledger import EMPTY_CACHE, STREAM
-
-    sizes: dict[object, int] = {}
-    live = peak = 0
-    for key, n in events:
-        if key == EMPTY_CACHE or key == STREAM:
-            continue
-        if n < 0:
-            live -= sizes.pop(key, 0)
-        else:
-            sizes[key] = n
-            live += n
-            peak = max(peak, live)
-    return peak
 
 
 def _smallest_cap(events: list[tuple[int, int]], steady: int | None, failed: int,

@@ -210,6 +210,25 @@ def replay(events: Iterable[tuple[object, int]], cap: int | None = None,
     return a
 
 
+def live_peak(events: Iterable[tuple[object, int]]) -> int:
+    """The most bytes `replay`'s events hold at once, as requested: any allocator's blocks hold at least that much,
+    so no cap below it runs them."""
+    from trainmem.measure.ledger import EMPTY_CACHE, STREAM
+
+    sizes: dict[object, int] = {}
+    live = peak = 0
+    for key, n in events:
+        if key == EMPTY_CACHE or key == STREAM:
+            continue
+        if n < 0:
+            live -= sizes.pop(key, 0)
+        else:
+            sizes[key] = n
+            live += n
+            peak = max(peak, live)
+    return peak
+
+
 SETTLE_STEPS = 16
 """Steps a replay repeats at most, after the simulated ones, waiting for the allocator's layout to settle."""
 
@@ -273,5 +292,5 @@ def trace_events(trace: Sequence[Sequence[Any]]) -> Iterator[tuple[object, int]]
             return
 
 
-__all__ = ["CachingAllocator", "AllocatorOOM", "SETTLE_STEPS", "replay", "replay_steps", "repeat_until_settled",
-           "trace_events", "round_size", "segment_size"]
+__all__ = ["CachingAllocator", "AllocatorOOM", "SETTLE_STEPS", "replay", "live_peak", "replay_steps",
+           "repeat_until_settled", "trace_events", "round_size", "segment_size"]
