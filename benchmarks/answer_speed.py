@@ -4,7 +4,8 @@
 
 Every figure is the wall time of a fresh `trainmem` process, as a user runs it, with an empty answer cache
 (`TRAINMEM_CACHE_DIR` in a temporary folder) unless the row says the setup was seen before. The first line is
-`python -c "import torch, transformers"` in the same run: the floor of any answer that needs the model.
+`python -c "import torch, transformers"` in the same run, and the second that with peft and a model class: the floor
+of any answer that builds a model.
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ def main(quick: bool) -> int:
         json.dump(LLAMA_70B, f)
     tm = [sys.executable, "-m", "trainmem"]
     floor, _ = timed([sys.executable, "-c", "import torch, transformers"], env)
-    rows = [("import torch, transformers", None, floor)]
+    classes, _ = timed([sys.executable, "-c", "import torch, transformers, peft; from transformers import "
+                        "LlamaForCausalLM"], env)
+    rows = [("import torch, transformers", None, floor),
+            ("... and peft and a model class (a new 8B's floor)", None, classes)]
     rows.append(("a bad input (--optimizer adamw8bit)", 1.0, timed(
         tm + ["estimate", "--model", "llama-3.1-8b", "--optimizer", "adamw8bit", "--gpu", "A10G"], env)[0]))
     dense = ["estimate", "--model", "llama-3.1-8b", "--peft", "lora", "--batch-size", "4", "--seq-len", "2048",
