@@ -46,24 +46,29 @@ class EstimateError(RuntimeError):
     """A model neither method can estimate: the one line says why (the CLI prints it, exit 1)."""
 
 
-def simulated_only(setup: TrainSetup) -> str | None:
-    """What of `setup` only the simulate method prices (its flag and value, and why), else None: kernels whose
-    memory the simulated step's stand-ins allocate."""
+def _sm_kernels(setup: TrainSetup) -> str | None:
+    """The kernels of `setup` whose simulated memory depends on the card's SM count (Liger's RMSNorm keeps a partial
+    row per SM, the Mamba kernels and flash-attn split their work by it): their flag and why, else None."""
     if setup.kernels == "liger":
         return "--kernels liger (Liger's kernels are priced by simulating the step)"
     if setup.mamba_path == "kernels":
         return "--mamba-path kernels (the Mamba kernels are priced by simulating the step)"
     if setup.attention in cuda.FLASH_ATTENTIONS:
         return f"--attention {setup.attention} (flash-attn's kernels are priced by simulating the step)"
-    if setup.engine == "sft" and not setup.distributed:
-        return "--engine sft (TRL's fused LM head is priced by simulating the step)"
     return None
 
 
+def simulated_only(setup: TrainSetup) -> str | None:
+    """What of `setup` only the simulate method prices (its flag and value, and why), else None: kernels whose
+    memory the simulated step's stand-ins allocate."""
+    if setup.engine == "sft" and not setup.distributed and not _sm_kernels(setup):
+        return "--engine sft (TRL's fused LM head is priced by simulating the step)"
+    return _sm_kernels(setup)
+
+
 def reads_sms(setup: TrainSetup) -> bool:
-    """Whether the simulated step depends on the card's SM count: Liger's RMSNorm keeps a partial row per SM,
-    the Mamba kernels and flash-attn split their work by it (TRL's head does not)."""
-    return setup.kernels == "liger" or setup.mamba_path == "kernels" or setup.attention in cuda.FLASH_ATTENTIONS
+    """Whether the simulated step depends on the card's SM count (`_sm_kernels`; TRL's head does not)."""
+    return _sm_kernels(setup) is not None
 
 
 def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str = "auto", *,
@@ -553,25 +558,23 @@ def _need(events: list[tuple[int, int]], steady: int | None, failed: int) -> tup
     cap it ran out under (`failed`) is at or above that figure (memory not monotone in the cap), again above it."""
     kept = _NEEDS.get(id(events))
     if kept is None or kept[0] is not events:
-        top = allocator.CachingAllocator()
-        settled = allocator.replay_steps(events, steady, top)
-        kept = (events, *_smallest_cap(events, steady, allocator.live_peak(events) - 1, top, settled))
+        kept = (events, *_smallest_cap(events, steady, allocator.live_peak(events) - 1))
         _NEEDS[id(events)] = kept
         while len(_NEEDS) > _NEEDS_KEPT:
             del _NEEDS[next(iter(_NEEDS))]
     need, settled = kept[1], kept[2]
     if need.reserved > failed:
         return need, settled
-    top = allocator.CachingAllocator()
-    return _smallest_cap(events, steady, failed, top, allocator.replay_steps(events, steady, top))
+    return _smallest_cap(events, steady, failed)
 
 
-def _smallest_cap(events: list[tuple[int, int]], steady: int | None, failed: int,
-                  top: allocator.CachingAllocator, settled: bool) -> tuple[_Replayed, bool]:
+def _smallest_cap(events: list[tuple[int, int]], steady: int | None, failed: int) -> tuple[_Replayed, bool]:
     """The replay under the smallest cap above `failed` (a cap it ran out under) under which it runs, found by
     bisection to `NEED_RESOLUTION`, and whether that replay settled. Without a cap the allocator never frees
-    its cache, so the uncapped replay `top` bounds the search from above (a cap that high is never reached);
-    under a tighter cap a full allocator releases its free segments and retries, as a card of that size would."""
+    its cache, so the uncapped peak bounds the search from above (a cap that high is never reached); under a
+    tighter cap a full allocator releases its free segments and retries, as a card of that size would."""
+    top = allocator.CachingAllocator()
+    settled = allocator.replay_steps(events, steady, top)
     best, lo, hi = top, failed, max(top.peak_reserved, failed + NEED_RESOLUTION)
     while hi - lo > NEED_RESOLUTION:
         mid = (lo + hi) // 2
@@ -585,4 +588,5 @@ def _smallest_cap(events: list[tuple[int, int]], steady: int | None, failed: int
     return _Replayed(best.peak_reserved, best.peak_allocated), settled
 
 
-__all__ = ["estimate", "simulated_only", "reads_sms", "states_floor", "simulated_step", "Breakdown", "EstimateError", "METHODS", "ADVICE"]
+__all__ = ["estimate", "simulated_only", "reads_sms", "states_floor", "simulated_step", "Breakdown", "EstimateError",
+           "METHODS", "ADVICE"]

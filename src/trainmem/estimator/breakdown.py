@@ -125,8 +125,8 @@ class Breakdown:
         states = {k: self.model_states.get(k, 0) for k in ("weights", "gradients", "optimizer")}
         # the part that keeps the setup off the card: where the states alone exceed it, the largest of them (no
         # cut of activations can help), else the largest part of the peak
-        over = sum(states.values()) + overhead > card.capacity
-        cut = max(states if over else parts, key=(states if over else parts).get)  # type: ignore[arg-type]
+        among = states if sum(states.values()) + overhead > card.capacity else parts
+        cut = max(among, key=among.get)  # type: ignore[arg-type]
         # foreach AdamW's step copies the (local) gradients: what adamw-fused would save of `other`
         copies = self.terms.get("optimizer_step_temporaries", self.model_states.get("gradients", 0))
         foreach = copies / parts["other"] if parts["other"] > 0 else 0.0
