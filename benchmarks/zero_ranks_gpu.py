@@ -1,7 +1,7 @@
 """One rank of a DeepSpeed ZeRO run, measured on one GPU through the fake process group (issue 40, item 3), beside
-trainmem's closed-form ZeRO estimate of the same setup: measured vs estimated peak_allocated and peak_reserved.
+trainmem's estimate of the same setup: measured vs estimated peak_allocated and peak_reserved.
 
-    python benchmarks/zero_ranks_gpu.py OUT_DIR [--set 1|2] [INDEX ...]   # on a GPU with DeepSpeed importable
+    python benchmarks/zero_ranks_gpu.py OUT_DIR [--set 1|2|3] [INDEX ...]   # on a GPU with DeepSpeed importable
 
 Each rank runs as `trainmem run --device cuda --engine deepspeed --gpus N --shard zeroK --rank R` in a fresh
 process (`trainmem.isolation.runner.run`), 3 steps, up to 10 minutes; its row goes to OUT_DIR/zero-ranks.jsonl and
@@ -50,7 +50,25 @@ RANKS_2: list[tuple[str, dict]] = [
 """Set 2, held out for the fitted estimator: ten ranks over seven other presets, chosen at the commit that added
 them (647a43d), before any ran; measured at 1e4491e (docs/lab/zero-held-out-2026-12-06.md)."""
 
-SETS = {"1": RANKS, "2": RANKS_2}
+RANKS_3: list[tuple[str, dict]] = [
+    ("gemma-2-2b", dict(shard="zero2", gpus=4, precision="bf16", batch_size=2, seq_len=1024)),
+    ("opt-1.3b", dict(shard="zero1", gpus=2, precision="bf16", batch_size=4, seq_len=1024)),
+    ("bloom-560m", dict(shard="zero2", gpus=8, precision="bf16", batch_size=4, seq_len=1024, grad_accum=2)),
+    ("phi-3-mini", dict(shard="zero2", gpus=8, precision="bf16", batch_size=1, seq_len=2048, **CKPT)),
+    ("qwen2.5-7b", dict(shard="zero1", gpus=4, precision="bf16", batch_size=2, seq_len=1024, peft="lora", **CKPT)),
+    ("polyglot-ko-3.8b", dict(shard="zero2", gpus=4, precision="amp-bf16", batch_size=1, seq_len=1024, **CKPT)),
+    ("lfm2-1.2b", dict(shard="zero2", gpus=2, precision="bf16", batch_size=2, seq_len=1024)),
+    ("mistral-7b", dict(shard="zero2", gpus=8, precision="bf16", batch_size=1, seq_len=1024, offload="optimizer",
+                        **CKPT)),
+    ("llama-3.2-1b", dict(shard="zero1", gpus=2, precision="fp32", batch_size=2, seq_len=1024)),
+    ("olmoe-1b-7b", dict(shard="zero2", gpus=8, precision="bf16", batch_size=2, seq_len=1024, **CKPT)),
+]
+"""Set 3, held out for ZeRO-1/2 ranks priced from the single-GPU simulated step (`estimator/memory/zero.py`): ten
+ranks over ten presets not in sets 1 and 2's ZeRO-1/2 rows (Gemma-2, OPT, BLOOM, Phi-3, Qwen2.5-7B LoRA, GPT-NeoX
+3.8B under autocast, an LFM2 hybrid, Mistral with optimizer offload, Llama in fp32, an OLMoE mixture of experts),
+accumulation over two micro-batches in one; chosen at the commit that added them, before any ran."""
+
+SETS = {"1": RANKS, "2": RANKS_2, "3": RANKS_3}
 
 FIELDS = ("peak_allocated", "peak_reserved")
 

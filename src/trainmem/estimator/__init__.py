@@ -26,7 +26,7 @@ from trainmem.hardware.gpus import CATALOG, GPU, find_gpu
 from trainmem.version import stamp
 
 from .breakdown import ADVICE, Breakdown
-from .memory import allocator, analytic, compose, runtime, sharded, sharding, states, trlhead
+from .memory import allocator, analytic, compose, runtime, sharded, sharding, states, trlhead, zero
 from .memory.simulate import model_builder, simulate_step, steady_start
 from .memory.hostvalues import ROUTING_BALANCED, ROUTING_FREE, UnknownValue
 from .time import comm
@@ -235,6 +235,8 @@ def _memory(spec: ModelSpec, setup: TrainSetup, precision: str, inv: states.Inve
             method = "simulate"
     if method == "simulate":
         try:
+            if zero.simulates(setup):
+                return (*_zero(spec, inv, setup, precision, model_states, notes, card, step), None, method)
             memory, phase, terms, reserved = _simulate(spec, setup, precision, notes, card, step)
         except (UnknownValue, NotImplementedError) as e:  # the meta device cannot run this model's step
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -368,6 +370,49 @@ def _rank_states(inv: states.Inventory, setup: TrainSetup, precision: str,
                                 unsharded_optimizer=_step_scalars(inv, setup.optimizer), zero3_live=live)
 
 
+def _rank_notes(rank: sharding.RankStates, setup: TrainSetup, terms: dict[str, int], notes: list[str]) -> None:
+    """What a rank's states say of themselves, and the host RAM its offloaded states take."""
+    notes.extend(rank.notes)
+    if rank.host:
+        per_node = setup.gpus // setup.nodes
+        terms["host_memory_per_rank"] = rank.host
+        notes.append(f"--offload {setup.offload}: each rank keeps {rank.host / 2**30:.1f} GiB in host RAM, "
+                     f"{per_node * rank.host / 2**30:.1f} GiB for the {per_node} ranks of a node (states only: "
+                     "pinned staging buffers and the framework's own RAM come on top)")
+
+
+ZERO_SIMULATED = ("ZeRO-1/2: the rank's forward and backward simulated as one GPU's (a stage-1/2 rank runs them "
+                  "unsharded), its states from DeepSpeed's partitioning; reserved is the allocated bytes times "
+                  f"{runtime.DEEPSPEED_RESERVED_OVER_ALLOCATED} (DeepSpeed's buckets are not simulated); not yet held "
+                  "out against measured ranks")
+"""What a ZeRO-1/2 rank's answer says of its figures (docs/lab/zero-held-out-2026-12-06.md)."""
+
+
+def _zero(spec: ModelSpec, inv: states.Inventory, setup: TrainSetup, precision: str, ms: dict[str, int],
+          notes: list[str], card: GPU, step: Any) -> tuple[dict[str, int], str, dict[str, int]]:
+    """A ZeRO-1/2 rank: its states (`_rank_states`) plus, in forward and backward, what the same micro-batches'
+    step holds beyond the states on one GPU (`zero.Excess`); in the optimizer step, the analytic method's
+    states and temporaries."""
+    found = step if step is not None else simulated_step(spec, setup, precision, card)
+    rank = _rank_states(inv, setup, precision, ms)
+    terms = {"simulated_excess": found.bytes, "optimizer_step_temporaries": rank.step_temporaries,
+             "cublas_workspace": cuda.CUBLAS_HANDLES * card.cublas_workspace}
+    _rank_notes(rank, setup, terms, notes)
+    notes.append(ZERO_SIMULATED)
+    held = rank.gradients if setup.grad_accum > 1 else 0  # a window's gradients wait for its last micro-batch
+    if rank.weights + rank.optimizer + held + found.bytes >= (rank.weights + rank.gradients + rank.optimizer
+                                                             + rank.step_temporaries + terms["cublas_workspace"]):
+        memory = {"weights": rank.weights, "gradients": held, "optimizer": rank.optimizer,
+                  "activations": found.activations, "other": found.bytes - found.activations}
+        phase = "forward/backward"
+    else:
+        memory = {"weights": rank.weights, "gradients": rank.gradients, "optimizer": rank.optimizer,
+                  "activations": 0, "other": rank.step_temporaries + terms["cublas_workspace"]}
+        phase = "optimizer step"
+    memory["peak_allocated"] = sum(memory.values())
+    return memory, phase, terms
+
+
 def _analytic(inv: states.Inventory, setup: TrainSetup, precision: str, ms: dict[str, int],
               notes: list[str], card: GPU) -> tuple[dict[str, int], str, dict[str, int]]:
     t = analytic.Traits.of(inv.model)
@@ -388,13 +433,7 @@ def _analytic(inv: states.Inventory, setup: TrainSetup, precision: str, ms: dict
         saved += terms["autocast_weight_copies"]
     rank = _rank_states(inv, setup, precision, ms)
     w, g, o, step_temp = rank.weights, rank.gradients, rank.optimizer, rank.step_temporaries
-    notes.extend(rank.notes)
-    if rank.host:
-        per_node = setup.gpus // setup.nodes
-        terms["host_memory_per_rank"] = rank.host
-        notes.append(f"--offload {setup.offload}: each rank keeps {rank.host / 2**30:.1f} GiB in host RAM, "
-                     f"{per_node * rank.host / 2**30:.1f} GiB for the {per_node} ranks of a node (states only: "
-                     "pinned staging buffers and the framework's own RAM come on top)")
+    _rank_notes(rank, setup, terms, notes)
     if rank.gathered:
         terms["gathered_units"] = rank.gathered
     g_resident = g if setup.grad_accum > 1 else 0
@@ -470,7 +509,17 @@ def _lora_inputs(inv: states.Inventory, setup: TrainSetup, layers: int) -> int:
 
 def simulated_step(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU) -> Any:
     """The recording ledger of `setup`'s simulated steps on `card`'s runtime: rank 0's under FSDP2, else the
-    model's own (`simulate.simulate_step`)."""
+    model's own (`simulate.simulate_step`); for a ZeRO-1/2 rank, what its forward and backward hold beyond the
+    states (`zero.Excess`), from the same micro-batches' step on one GPU."""
+    if zero.simulates(setup):
+        single = zero.single_gpu(setup)
+
+        def cut(k: int | None) -> Any:
+            model = spec if k is None else spec.cut(k)
+            return simulate_step(model_builder(model, single, precision, card), single, precision,
+                                 workspace=card.cublas_workspace, flash=card.flash, sms=card.sms, splits=True)[0]
+        return zero.rank_excess(spec.config, int(spec.text_config().num_hidden_layers), cut)
+
     def simulated(model: ModelSpec, splits: bool = False) -> Any:
         if setup.shard == "fsdp":
             return sharded.simulate_fsdp_rank(model, setup, precision, splits=splits)[0]

@@ -23,13 +23,14 @@ from trainmem.config.setup import TrainSetup
 from trainmem.config.specs import ModelSpec
 from trainmem.measure.ledger import StateBytes, TensorLedger
 
-from . import states
+from . import states, zero
 from .simulate import simulate_step
 
 
 def simulates(setup: TrainSetup) -> bool:
-    """Which sharded setups the simulate method runs: FSDP2 without offload (the rest stay analytic)."""
-    return setup.shard == "fsdp" and setup.offload == "none" and setup.peft != "qlora"
+    """Which sharded setups the simulate method runs: FSDP2 without offload or QLoRA (here), and ZeRO-1/2 ranks,
+    whose forward and backward are one GPU's (`zero.py`); the rest stay analytic."""
+    return (setup.shard == "fsdp" and setup.offload == "none" and setup.peft != "qlora") or zero.simulates(setup)
 
 
 def simulate_fsdp_rank(spec: ModelSpec, setup: TrainSetup, precision: str,

@@ -1,0 +1,79 @@
+"""`estimate --shard zero1|zero2`: a ZeRO-1/2 rank's forward and backward priced from the same micro-batches'
+simulated step on one GPU (`estimator/memory/zero.py`), its states from DeepSpeed's partitioning."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainmem import ModelSpec, TrainSetup
+from trainmem.estimator import estimate, simulated_step
+from trainmem.estimator.memory import zero
+from trainmem.estimator.memory.simulate import model_builder, simulate_step
+from trainmem.hardware.gpus import find_gpu
+
+H100 = find_gpu("H100")
+LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 160,
+         "num_hidden_layers": 26, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 320,
+         "max_position_embeddings": 256, "tie_word_embeddings": False}
+
+
+def _single_excess(spec: ModelSpec, setup: TrainSetup) -> zero.Excess:
+    single = zero.single_gpu(setup.validate(spec))
+    precision = single.resolved_precision(spec, "cuda")
+    ledger, _ = simulate_step(model_builder(spec, single, precision, H100), single, precision,
+                              workspace=H100.cublas_workspace, flash=H100.flash, sms=H100.sms, splits=True)
+    return zero.excess(ledger)
+
+
+@pytest.mark.parametrize("shard,world", [("zero1", 2), ("zero2", 4)])
+def test_a_zero_rank_is_its_states_plus_one_gpus_forward_and_backward(shard, world):
+    spec = ModelSpec.resolve("tiny-llama")
+    setup = TrainSetup(gpus=world, shard=shard, precision="bf16", batch_size=4, seq_len=128, gpu="H100")
+    b = estimate(spec, setup)
+    one = estimate(spec, TrainSetup(precision="bf16", batch_size=4, seq_len=128, gpu="H100"))
+    found = _single_excess(spec, setup)
+    trainable = b.model["trainable_parameters"]
+    assert b.method == "simulate" and b.peak_phase == "forward/backward"
+    assert b.memory["weights"] == one.model_states["weights"]  # stages 1 and 2 keep every parameter whole
+    assert b.memory["optimizer"] == 12 * trainable // world  # fp32 master weights and both moments, partitioned
+    assert b.memory["gradients"] == 0  # none yet where the backward starts
+    assert (b.memory["activations"], b.memory["other"]) == (found.activations, found.bytes - found.activations)
+    assert b.memory["peak_allocated"] == b.memory["weights"] + b.memory["optimizer"] + found.bytes
+    assert any(n.startswith("ZeRO-1/2: the rank's forward and backward simulated") for n in b.notes)
+
+
+def test_accumulation_keeps_the_ranks_gradients_through_the_window():
+    spec = ModelSpec.resolve("tiny-llama")
+    kw = dict(gpus=4, shard="zero2", precision="bf16", batch_size=2, seq_len=64, gpu="H100")
+    one, two = (estimate(spec, TrainSetup(**kw, grad_accum=k)) for k in (1, 2))
+    assert one.memory["gradients"] == 0
+    assert two.memory["gradients"] == two.model_states["gradients"] > 0  # the partition, bf16, over 4
+
+
+def test_cut_models_extend_to_the_whole_models_excess(tmp_path):
+    """A deep model's excess from three cut models equals its whole simulation's, allocation for allocation."""
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA))
+    spec = ModelSpec.resolve(str(tmp_path / "config.json"))
+    setup = TrainSetup(gpus=2, shard="zero2", precision="bf16", batch_size=2, seq_len=64, checkpointing=True,
+                       gpu="H100").validate(spec)
+    calls: list[int | None] = []
+
+    def whole_only(k):
+        calls.append(k)
+        single = zero.single_gpu(setup)
+        return simulate_step(model_builder(spec if k is None else spec.cut(k), single, "bf16", H100), single, "bf16",
+                             workspace=H100.cublas_workspace, flash=H100.flash, sms=H100.sms, splits=True)[0]
+
+    composed = simulated_step(spec, setup, "bf16", H100)
+    assert zero.rank_excess(spec.config, 26, whole_only) == composed and calls == [3, 4, 5]
+    assert composed == _single_excess(spec, setup)  # the whole model simulated
+
+
+def test_zero3_qlora_and_parameter_offload_stay_analytic():
+    spec = ModelSpec.resolve("tiny-llama")
+    for kw in (dict(shard="zero3"), dict(shard="zero3", offload="params")):
+        assert estimate(spec, TrainSetup(gpus=2, precision="bf16", **kw)).method == "analytic"
+    assert not zero.simulates(TrainSetup(gpus=2, shard="zero2", peft="qlora"))
+    assert zero.simulates(TrainSetup(gpus=2, shard="zero2", offload="optimizer"))
