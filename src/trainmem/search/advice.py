@@ -10,12 +10,17 @@ optimizer states, 8-bit AdamW (for a full-precision Adam) and LoRA; for gradient
 temporaries, fused AdamW (for foreach AdamW) and half the micro-batch. Each check is one more
 estimate of the setup, as long as the first (a few seconds for a small model, half a minute for a large mixture of
 experts), except where the changed setup's weights, gradients and optimizer states alone exceed the card
-(`states_floor`): that is answered from the model's inventory, as `needs over X GiB ... no`. A change the setup
-refuses (QLoRA on a model bitsandbytes cannot quantize) is left out.
+(`states_floor`): that is answered from the model's inventory, as `needs over X GiB ... no`. The checks that need
+an estimate run at once, one forked process each, where there are several and more than one core. A change the
+setup refuses (QLoRA on a model bitsandbytes cannot quantize) is left out.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from trainmem.config.optimizers import OPTIMIZERS
@@ -61,29 +66,62 @@ def check(spec: ModelSpec, setup: TrainSetup, breakdown: Breakdown, card: str | 
     if verdict["level"] == "fits":
         return []
     found = changes(setup, verdict["cut_first"])
-    rows: list[dict[str, Any]] = []
-    for label, fields in found:
-        level = _level(spec, setup.replace(**fields), card, margin, method)
-        if level is not None:
-            rows.append({"change": label, **level})
+    levels = _levels(spec, [setup.replace(**fields) for _, fields in found], card, margin, method)
+    rows = [{"change": label, **level} for (label, _), level in zip(found, levels) if level is not None]
     if len(rows) > 1 and not any(r["level"] == "fits" for r in rows):
         together: dict[str, Any] = {}
         for _, fields in found:
             together.update(fields)
-        level = _level(spec, setup.replace(**together), card, margin, method)
+        level = _levels(spec, [setup.replace(**together)], card, margin, method)[0]
         if level is not None:
             rows.append({"change": " ".join(label for label, _ in found), **level})
     return rows
 
 
-def _level(spec: ModelSpec, setup: TrainSetup, card: str | GPU, margin: float,
-           method: str) -> dict[str, Any] | None:
-    """What the changed setup needs and its level; where its states alone exceed the card (`states_floor`),
-    that floor and `no`, marked `floor`, without estimating the step."""
+def _levels(spec: ModelSpec, setups: list[TrainSetup], card: str | GPU, margin: float,
+            method: str) -> list[dict[str, Any] | None]:
+    """What each changed setup needs and its level (None: a change the setup refuses). Where its states alone
+    exceed the card (`states_floor`), that floor and `no`, marked `floor`, without estimating the step; the
+    others are estimated, at once in forked processes where there are several and more than one core: each is a
+    whole estimate (three simulations of cut models for a 70B rank), and a forked child starts with the model
+    classes already imported."""
+    capacity = (card if isinstance(card, GPU) else find_gpu(card)).capacity
+    floors: list[dict[str, Any] | None | bool] = []
+    for setup in setups:
+        try:
+            floor = states_floor(spec, setup, card)
+        except (SetupError, EstimateError):
+            floors.append(False)
+            continue
+        floors.append({"need": floor, "level": "no", "floor": True} if floor > capacity else None)
+    todo = [s for s, f in zip(setups, floors) if f is None]
+    workers = min(len(todo), os.cpu_count() or 1)
+    if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        found = iter([_estimated(spec, s, card, margin, method) for s in todo])
+    else:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_quiet) as pool:
+            found = iter(list(pool.map(_estimated, [spec] * len(todo), todo, [card] * len(todo),
+                                       [margin] * len(todo), [method] * len(todo))))
+    return [next(found) if f is None else (f or None) for f in floors]
+
+
+def _quiet() -> None:
+    """A forked checker: one thread each (the cores go to the other checks), and output of its own, so that no
+    lock a parent's thread held on stdout or stderr at the fork (a progress spinner's) can stop it; it returns
+    its answer and prints nothing."""
+    import logging
+
+    import torch
+
+    torch.set_num_threads(1)
+    sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (the process's own, for its lifetime)
+    logging.disable(logging.CRITICAL)
+
+
+def _estimated(spec: ModelSpec, setup: TrainSetup, card: str | GPU, margin: float,
+               method: str) -> dict[str, Any] | None:
+    """The changed setup's need and level from its estimate; None where the setup refuses the change."""
     try:
-        floor = states_floor(spec, setup, card)
-        if floor > (card if isinstance(card, GPU) else find_gpu(card)).capacity:
-            return {"need": floor, "level": "no", "floor": True}
         v = estimate(spec, setup, method).verdict(card, margin)
     except (SetupError, EstimateError):
         return None
