@@ -42,9 +42,10 @@ def simulates(setup: TrainSetup) -> bool:
 
 
 def single_gpu(setup: TrainSetup) -> TrainSetup:
-    """The same micro-batches on one GPU: what a ZeRO-1/2 rank's forward and backward run."""
+    """The same micro-batches on one GPU: what a ZeRO-1/2 rank's forward and backward run (DeepSpeed's engine
+    around trainmem's loop runs the loop's; TRL's runs its own loss head)."""
     return setup.replace(gpus=1, shard="none", offload="none", rank=None, nodes=1, gpus_per_node=None,
-                         engine="loop")
+                         engine="loop" if setup.engine == "deepspeed" else setup.engine)
 
 
 def excess(ledger: TensorLedger) -> Excess:
