@@ -99,17 +99,17 @@ def unit(module: str) -> str:
 
 
 ALLOWED: dict[str, set[str] | None] = {
-    "errors": set(), "version": set(), "result": set(), "fsdp": set(), "hardware": set(),
+    "errors": set(), "version": set(), "result": set(), "fsdp": set(), "hardware": set(), "forked": set(),
     "config": {"errors", "hardware"},
     "measure": {"config", "errors", "fsdp", "hardware", "result", "version"},
-    "estimator.memory": {"config", "fsdp", "hardware", "measure.accumulation", "measure.build", "measure.ledger",
-                         "measure.train"},
+    "estimator.memory": {"config", "forked", "fsdp", "hardware", "measure.accumulation", "measure.build",
+                         "measure.ledger", "measure.train"},
     "estimator.time": {"config", "estimator.memory", "hardware", "measure.accumulation", "measure.build",
                        "measure.ledger"},
     "estimator": {"config", "errors", "estimator.memory", "estimator.time", "hardware", "result", "version"},
     "integrations": {"config", "estimator", "measure", "result"},
     "isolation": {"config", "errors", "integrations", "measure", "result"},
-    "search": {"config", "errors", "estimator", "estimator.memory", "hardware", "isolation", "result"},  # cards
+    "search": {"config", "errors", "estimator", "estimator.memory", "forked", "hardware", "isolation", "result"},
     "output": {"config", "hardware", "result", "search"},
     "experiment": {"config", "isolation", "result"},
     "serve": None,  # on top, beside the CLI: the web page's own door to everything

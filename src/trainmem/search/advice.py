@@ -17,10 +17,6 @@ setup refuses (QLoRA on a model bitsandbytes cannot quantize) is left out.
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-import sys
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from trainmem.config.optimizers import OPTIMIZERS
@@ -29,6 +25,7 @@ from trainmem.config.specs import ModelSpec
 from trainmem.errors import SetupError
 from trainmem.estimator import EstimateError, estimate, states_floor
 from trainmem.estimator.breakdown import Breakdown
+from trainmem.forked import at_once
 from trainmem.hardware.cuda import MAMBA_FAMILIES
 from trainmem.hardware.gpus import GPU, find_gpu
 
@@ -82,9 +79,8 @@ def _levels(spec: ModelSpec, setups: list[TrainSetup], card: str | GPU, margin: 
             method: str) -> list[dict[str, Any] | None]:
     """What each changed setup needs and its level (None: a change the setup refuses). Where its states alone
     exceed the card (`states_floor`), that floor and `no`, marked `floor`, without estimating the step; the
-    others are estimated, at once in forked processes where there are several and more than one core: each is a
-    whole estimate (three simulations of cut models for a 70B rank), and a forked child starts with the model
-    classes already imported."""
+    others are estimated, at once in forked processes (`forked.at_once`): each is a whole estimate (three
+    simulations of cut models for a 70B rank)."""
     capacity = (card if isinstance(card, GPU) else find_gpu(card)).capacity
     floors: list[dict[str, Any] | None | bool] = []
     for setup in setups:
@@ -95,27 +91,8 @@ def _levels(spec: ModelSpec, setups: list[TrainSetup], card: str | GPU, margin: 
             continue
         floors.append({"need": floor, "level": "no", "floor": True} if floor > capacity else None)
     todo = [s for s, f in zip(setups, floors) if f is None]
-    workers = min(len(todo), os.cpu_count() or 1)
-    if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
-        found = iter([_estimated(spec, s, card, margin, method) for s in todo])
-    else:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_quiet) as pool:
-            found = iter(list(pool.map(_estimated, [spec] * len(todo), todo, [card] * len(todo),
-                                       [margin] * len(todo), [method] * len(todo))))
+    found = iter(at_once(lambda s: _estimated(spec, s, card, margin, method), todo))
     return [next(found) if f is None else (f or None) for f in floors]
-
-
-def _quiet() -> None:
-    """A forked checker: one thread each (the cores go to the other checks), and output of its own, so that no
-    lock a parent's thread held on stdout or stderr at the fork (a progress spinner's) can stop it; it returns
-    its answer and prints nothing."""
-    import logging
-
-    import torch
-
-    torch.set_num_threads(1)
-    sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (the process's own, for its lifetime)
-    logging.disable(logging.CRITICAL)
 
 
 def _estimated(spec: ModelSpec, setup: TrainSetup, card: str | GPU, margin: float,

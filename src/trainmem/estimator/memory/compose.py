@@ -24,6 +24,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Iterable
 
+from trainmem.forked import at_once
+
 CUTS = (3, 4, 5)
 """Depths of the cut models simulated: two to infer the runs and rules, the third to check them (with two
 layers a run can hold a single period, and which of its rules holds is left open)."""
@@ -410,6 +412,21 @@ def _outside_period(small: Trace, small_of: Callable[[int], int], i: int,
 
 
 @dataclasses.dataclass
+class Recorded:
+    """What composing reads of a cut model's simulated ledger (`TensorLedger`), without its tensors, so that it
+    comes back from the forked process that simulated it (`forked.at_once`: the cut models at once)."""
+
+    events: list[tuple[Any, int]] | None
+    marks: dict[str, int]
+    splits: dict[int, tuple[int, int, int, int]] | None
+    balanced_routing: bool
+
+    @classmethod
+    def of(cls, ledger: Any) -> Recorded:
+        return cls(ledger.events, dict(ledger.marks), ledger.splits, bool(getattr(ledger, "balanced_routing", False)))
+
+
+@dataclasses.dataclass
 class ComposedStep:
     """What the estimate reads of a simulated step's ledger (`TensorLedger`), for the composed model."""
 
@@ -438,10 +455,10 @@ def composed_step(config: dict[str, Any], layers: int, simulate: Callable[[int],
     ledgers: dict[int, Any] = {}
     traces: dict[int, Trace] = {}
     for small in (first, first + 1):
-        for k in (small, small + 1, small + 2):
-            if k not in ledgers:
-                ledgers[k] = simulate(k)
-                traces[k] = Trace.of(ledgers[k].events or [], ledgers[k].marks)
+        depths = [k for k in (small, small + 1, small + 2) if k not in ledgers]
+        for k, ledger in zip(depths, at_once(lambda k: Recorded.of(simulate(k)), depths)):
+            ledgers[k] = ledger
+            traces[k] = Trace.of(ledger.events or [], ledger.marks)
         big, check = small + 1, small + 2
         try:
             seen = compose(traces[small], traces[big], check, big)

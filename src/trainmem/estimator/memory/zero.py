@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from trainmem.config.setup import TrainSetup
+from trainmem.forked import at_once
 from trainmem.measure.ledger import EMPTY_CACHE, STREAM, TensorLedger
 
 from . import compose
@@ -79,7 +80,7 @@ def rank_excess(config: dict[str, Any], layers: int, simulate: Callable[[int | N
     `compose.CUTS`, else from `simulate(None)`, the whole model's."""
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     if layers >= compose.MIN_LAYERS and compose.uniform(str(text.get("model_type", config.get("model_type"))), text):
-        cuts = [excess(simulate(k)) for k in compose.CUTS]
+        cuts = at_once(lambda k: excess(simulate(k)), compose.CUTS)
         grow = [b.bytes - a.bytes for a, b in zip(cuts, cuts[1:])]
         saved = [b.activations - a.activations for a, b in zip(cuts, cuts[1:])]
         if grow[0] == grow[1] and saved[0] == saved[1]:
