@@ -75,3 +75,19 @@ def test_zero3_qlora_and_parameter_offload_stay_analytic():
         assert estimate(spec, TrainSetup(gpus=2, precision="bf16", **kw)).method == "analytic"
     assert not zero.simulates(TrainSetup(gpus=2, shard="zero2", peft="qlora"))
     assert zero.simulates(TrainSetup(gpus=2, shard="zero2", offload="optimizer"))
+
+
+def test_zero_offload_stages_gradients_in_a_buffer_of_the_largest_parameter():
+    """ZeRO-1/2 with optimizer offload keeps `temp_grad_buffer_for_gpu_offload` on the GPU, as large as the
+    largest trainable parameter in the weights' dtype (DeepSpeed's stage_1_and_2.py), beside no optimizer states."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    spec = ModelSpec.resolve("tiny-llama")
+    with torch.device("meta"):
+        largest = max(p.numel() for p in AutoModelForCausalLM.from_config(spec.hf_config()).parameters()) * 2
+    kw = dict(gpus=4, shard="zero2", precision="bf16", batch_size=2, seq_len=64, gpu="H100")
+    on, off = estimate(spec, TrainSetup(**kw, offload="optimizer")), estimate(spec, TrainSetup(**kw))
+    assert on.terms["deepspeed_buffers"] == largest and "deepspeed_buffers" not in off.terms
+    assert on.memory["optimizer"] == 0
+    assert on.memory["peak_allocated"] == off.memory["peak_allocated"] - off.memory["optimizer"] + largest

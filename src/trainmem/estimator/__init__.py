@@ -367,7 +367,9 @@ def _rank_states(inv: states.Inventory, setup: TrainSetup, precision: str,
     return sharding.rank_states(ms["weights"], ms["gradients"], ms["optimizer"], trainable,
                                 precision in ("fp16", "bf16"), setup.shard_group, setup.shard, setup.offload,
                                 gathered, foreach_copy=OPTIMIZERS[setup.optimizer].foreach,
-                                unsharded_optimizer=_step_scalars(inv, setup.optimizer), zero3_live=live)
+                                unsharded_optimizer=_step_scalars(inv, setup.optimizer), zero3_live=live,
+                                largest_param=max((int(p.numel * p.bytes_per) for p in inv.params if p.trainable),
+                                                  default=0))
 
 
 def _rank_notes(rank: sharding.RankStates, setup: TrainSetup, terms: dict[str, int], notes: list[str]) -> None:
@@ -399,15 +401,17 @@ def _zero(spec: ModelSpec, inv: states.Inventory, setup: TrainSetup, precision: 
              "cublas_workspace": cuda.CUBLAS_HANDLES * card.cublas_workspace}
     _rank_notes(rank, setup, terms, notes)
     notes.append(ZERO_SIMULATED)
+    if rank.buffers:
+        terms["deepspeed_buffers"] = rank.buffers
     held = rank.gradients if setup.grad_accum > 1 else 0  # a window's gradients wait for its last micro-batch
     if rank.weights + rank.optimizer + held + found.bytes >= (rank.weights + rank.gradients + rank.optimizer
                                                              + rank.step_temporaries + terms["cublas_workspace"]):
         memory = {"weights": rank.weights, "gradients": held, "optimizer": rank.optimizer,
-                  "activations": found.activations, "other": found.bytes - found.activations}
+                  "activations": found.activations, "other": found.bytes - found.activations + rank.buffers}
         phase = "forward/backward"
     else:
         memory = {"weights": rank.weights, "gradients": rank.gradients, "optimizer": rank.optimizer,
-                  "activations": 0, "other": rank.step_temporaries + terms["cublas_workspace"]}
+                  "activations": 0, "other": rank.step_temporaries + terms["cublas_workspace"] + rank.buffers}
         phase = "optimizer step"
     memory["peak_allocated"] = sum(memory.values())
     return memory, phase, terms
@@ -437,19 +441,19 @@ def _analytic(inv: states.Inventory, setup: TrainSetup, precision: str, ms: dict
     if rank.gathered:
         terms["gathered_units"] = rank.gathered
     g_resident = g if setup.grad_accum > 1 else 0
-    transient = acts.backward_transient + rank.gathered
+    transient = acts.backward_transient + rank.gathered + rank.buffers
     fwd_bwd = w + o + g_resident + saved + transient
     terms["optimizer_step_temporaries"] = step_temp
     workspace = cuda.CUBLAS_HANDLES * card.cublas_workspace
     terms["cublas_workspace"] = workspace
-    step = w + g + o + step_temp
+    step = w + g + o + step_temp + rank.buffers
     if fwd_bwd >= step:
         memory = {"weights": w, "gradients": g_resident, "optimizer": o, "activations": saved,
                   "other": transient + workspace}
         phase = "forward/backward"
     else:
         memory = {"weights": w, "gradients": g, "optimizer": o, "activations": 0,
-                  "other": step_temp + workspace}
+                  "other": step_temp + workspace + rank.buffers}
         phase = "optimizer step"
     memory["peak_allocated"] = sum(memory.values())
     return memory, phase, terms

@@ -34,11 +34,15 @@ class RankStates:
     host: int = 0
     """Bytes of host (CPU) memory this rank's offloaded states take: what `--offload` moved off the GPU, and
     under ZeRO-Offload the fp32 gradient partition DeepSpeed copies to the host for its CPU optimizer step."""
+    buffers: int = 0
+    """Bytes of DeepSpeed's own GPU buffers held for the whole run: ZeRO-1/2 with optimizer offload stages each
+    gradient through `temp_grad_buffer_for_gpu_offload`, as large as the largest trainable parameter in the
+    weights' dtype (`stage_1_and_2.py`, allocated when the optimizer is built)."""
 
 
 def rank_states(weights: int, gradients: int, optimizer: int, trainable: int, half_weights: bool,
                 n: int, shard: str, offload: str, largest_layer: int, foreach_copy: bool,
-                unsharded_optimizer: int = 0, zero3_live: int = 0) -> RankStates:
+                unsharded_optimizer: int = 0, zero3_live: int = 0, largest_param: int = 0) -> RankStates:
     """Per-GPU states for `shard` over `n` GPUs.
 
     `weights`/`gradients`/`optimizer` are the single-GPU bytes, `trainable` the trainable parameter count,
@@ -46,7 +50,8 @@ def rank_states(weights: int, gradients: int, optimizer: int, trainable: int, ha
     `foreach_copy`: the optimizer step makes a temporary copy of the (local) gradients,
     `unsharded_optimizer`: optimizer bytes every rank keeps whole (torch AdamW's 4-byte `step` per
     parameter tensor, which FSDP2 does not shard: measured exactly by the fake-group and gloo runs),
-    `zero3_live`: the bytes of the parameters DeepSpeed ZeRO-3 keeps gathered at once (`ZERO3_MAX_LIVE`).
+    `zero3_live`: the bytes of the parameters DeepSpeed ZeRO-3 keeps gathered at once (`ZERO3_MAX_LIVE`),
+    `largest_param`: the bytes of the largest trainable parameter (ZeRO-Offload's staging buffer, `buffers`).
     FSDP2 pads dim 0 of each parameter to a multiple of `n`; the formulas leave that padding out.
     """
     notes: list[str] = []
@@ -87,4 +92,7 @@ def rank_states(weights: int, gradients: int, optimizer: int, trainable: int, ha
         w = 0
         notes.append("parameters offloaded to CPU memory; gathered units still come to the GPU")
     step = g if foreach_copy and offload != "optimizer" else 0
-    return RankStates(w, g, opt, step, gathered, tuple(notes), host)
+    buffers = largest_param if shard in ("zero1", "zero2") and offload in ("optimizer", "params") else 0
+    if buffers:
+        notes.append("ZeRO-Offload: DeepSpeed stages each gradient on the GPU in a buffer of the largest parameter")
+    return RankStates(w, g, opt, step, gathered, tuple(notes), host, buffers)
