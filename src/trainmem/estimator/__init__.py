@@ -387,7 +387,7 @@ ZERO_SIMULATED = ("ZeRO-1/2: the rank's forward and backward simulated as one GP
                   "unsharded), its states from DeepSpeed's partitioning; reserved is the allocated bytes times "
                   f"{runtime.DEEPSPEED_RESERVED_OVER_ALLOCATED} (DeepSpeed's buckets are not simulated); not yet held "
                   "out against measured ranks")
-"""What a ZeRO-1/2 rank's answer says of its figures (docs/lab/zero-held-out-2026-12-06.md)."""
+"""What a ZeRO-1/2 rank's answer says of its figures (docs/lab/zero-simulated-2026-12-06.md)."""
 
 
 def _zero(spec: ModelSpec, inv: states.Inventory, setup: TrainSetup, precision: str, ms: dict[str, int],
