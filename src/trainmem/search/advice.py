@@ -82,17 +82,20 @@ def _levels(spec: ModelSpec, setups: list[TrainSetup], card: str | GPU, margin: 
     others are estimated, at once in forked processes (`forked.at_once`): each is a whole estimate (three
     simulations of cut models for a 70B rank)."""
     capacity = (card if isinstance(card, GPU) else find_gpu(card)).capacity
-    floors: list[dict[str, Any] | None | bool] = []
-    for setup in setups:
+    levels: list[dict[str, Any] | None] = []
+    estimated: list[int] = []  # the changes under the card by their states: their estimates decide
+    for i, setup in enumerate(setups):
         try:
             floor = states_floor(spec, setup, card)
         except (SetupError, EstimateError):
-            floors.append(False)
+            levels.append(None)
             continue
-        floors.append({"need": floor, "level": "no", "floor": True} if floor > capacity else None)
-    todo = [s for s, f in zip(setups, floors) if f is None]
-    found = iter(at_once(lambda s: _estimated(spec, s, card, margin, method), todo))
-    return [next(found) if f is None else (f or None) for f in floors]
+        levels.append({"need": floor, "level": "no", "floor": True} if floor > capacity else None)
+        if floor <= capacity:
+            estimated.append(i)
+    for i, level in zip(estimated, at_once(lambda i: _estimated(spec, setups[i], card, margin, method), estimated)):
+        levels[i] = level
+    return levels
 
 
 def _estimated(spec: ModelSpec, setup: TrainSetup, card: str | GPU, margin: float,

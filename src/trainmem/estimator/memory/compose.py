@@ -442,6 +442,13 @@ MIN_LAYERS = 24
 """Models with fewer decoder layers are simulated whole: the three cut models would cost about as much."""
 
 
+def composable(config: dict[str, Any], layers: int) -> bool:
+    """Whether a model of this config and `layers` decoder layers is priced from cut models: deep enough to gain
+    (`MIN_LAYERS`) and its layers alike (`uniform`)."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    return layers >= MIN_LAYERS and uniform(str(text.get("model_type", config.get("model_type"))), text)
+
+
 def composed_step(config: dict[str, Any], layers: int, simulate: Callable[[int], Any],
                   first: int = CUTS[0]) -> ComposedStep | None:
     """The step of the model of `layers` decoder layers composed from `simulate(k)`, the simulated ledger of
@@ -449,8 +456,7 @@ def composed_step(config: dict[str, Any], layers: int, simulate: Callable[[int],
     `first + 2`, and from one layer more each where those leave a rule open (once); None where the model's
     layers differ (`uniform`), it is too shallow to gain, or no two cut steps compose into the next one exactly.
     An FSDP2 rank starts at 4 layers (`SHARDED_FIRST`): its prefetch needs two periods in every run."""
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    if layers < MIN_LAYERS or not uniform(str(text.get("model_type", config.get("model_type"))), text):
+    if not composable(config, layers):
         return None
     ledgers: dict[int, Any] = {}
     traces: dict[int, Trace] = {}

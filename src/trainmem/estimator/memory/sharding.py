@@ -92,7 +92,7 @@ def rank_states(weights: int, gradients: int, optimizer: int, trainable: int, ha
         w = 0
         notes.append("parameters offloaded to CPU memory; gathered units still come to the GPU")
     step = g if foreach_copy and offload != "optimizer" else 0
-    buffers = largest_param if shard in ("zero1", "zero2") and offload in ("optimizer", "params") else 0
+    buffers = largest_param if shard in ("zero1", "zero2") and offload == "optimizer" else 0
     if buffers:
         notes.append("ZeRO-Offload: DeepSpeed stages each gradient on the GPU in a buffer of the largest parameter")
     return RankStates(w, g, opt, step, gathered, tuple(notes), host, buffers)

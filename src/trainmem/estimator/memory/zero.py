@@ -78,8 +78,7 @@ def rank_excess(config: dict[str, Any], layers: int, simulate: Callable[[int | N
     """The `Excess` of the model of `layers` decoder layers: from its cut models' simulated steps
     (`simulate(k)`, k layers) where the model's layers are alike and each layer adds the same bytes over
     `compose.CUTS`, else from `simulate(None)`, the whole model's."""
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    if layers >= compose.MIN_LAYERS and compose.uniform(str(text.get("model_type", config.get("model_type"))), text):
+    if compose.composable(config, layers):
         cuts = at_once(lambda k: excess(simulate(k)), compose.CUTS)
         grow = [b.bytes - a.bytes for a, b in zip(cuts, cuts[1:])]
         saved = [b.activations - a.activations for a, b in zip(cuts, cuts[1:])]
