@@ -91,3 +91,23 @@ def test_zero_offload_stages_gradients_in_a_buffer_of_the_largest_parameter():
     assert on.terms["deepspeed_buffers"] == largest and "deepspeed_buffers" not in off.terms
     assert on.memory["optimizer"] == 0
     assert on.memory["peak_allocated"] == off.memory["peak_allocated"] - off.memory["optimizer"] + largest
+
+
+def test_a_rank_whose_step_holds_less_peaks_at_the_engines_flat_copy(tmp_path):
+    """DeepSpeed's ZeRO-1/2 engine copies the trainable parameters into one flat buffer while they still exist
+    (`stage_1_and_2.py`): the weights twice, for a moment. With the states offloaded and a short micro-batch the
+    step holds less, and that is the rank's peak (measured on an H100: llama-3.2-3b ZeRO-2 offload at world 8 peaked
+    in the engine's set-up at 12,256 MiB, twice its 6,127 MiB of weights); under LoRA only the adapters are copied."""
+    wide = {**LLAMA, "hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 8, "num_attention_heads": 8,
+            "num_key_value_heads": 8, "vocab_size": 8000}
+    (tmp_path / "config.json").write_text(json.dumps(wide))
+    spec = ModelSpec.resolve(str(tmp_path / "config.json"))
+    kw = dict(gpus=8, shard="zero2", offload="optimizer", precision="bf16", batch_size=1, seq_len=16, gpu="H100")
+    full = estimate(spec, TrainSetup(**kw))
+    weights = full.model_states["weights"]
+    assert full.peak_phase == "DeepSpeed engine's initialisation"
+    flat = 2 * full.model["trainable_parameters"]  # bf16: every parameter, not the rotary buffer
+    assert full.memory["peak_allocated"] == full.terms["deepspeed_init_peak"] == weights + flat
+    assert any(n.startswith("ZeRO-1/2: the step holds less than the engine's initialisation") for n in full.notes)
+    lora = estimate(spec, TrainSetup(**kw, peft="lora"))
+    assert lora.peak_phase == "forward/backward" and "deepspeed_init_peak" not in lora.terms

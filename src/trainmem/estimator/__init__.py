@@ -369,7 +369,8 @@ def _rank_states(inv: states.Inventory, setup: TrainSetup, precision: str,
                                 gathered, foreach_copy=OPTIMIZERS[setup.optimizer].foreach,
                                 unsharded_optimizer=_step_scalars(inv, setup.optimizer), zero3_live=live,
                                 largest_param=max((int(p.numel * p.bytes_per) for p in inv.params if p.trainable),
-                                                  default=0))
+                                                  default=0),
+                                trainable_bytes=sum(int(p.numel * p.bytes_per) for p in inv.params if p.trainable))
 
 
 def _rank_notes(rank: sharding.RankStates, setup: TrainSetup, terms: dict[str, int], notes: list[str]) -> None:
@@ -389,6 +390,12 @@ ZERO_SIMULATED = ("ZeRO-1/2: the rank's forward and backward simulated as one GP
                   "out against measured ranks")
 """What a ZeRO-1/2 rank's answer says of its figures (docs/lab/zero-simulated-2026-12-06.md)."""
 
+INIT_PHASE = "DeepSpeed engine's initialisation"
+"""Where a ZeRO-1/2 rank peaks when its step holds less than the engine's set-up does (optimizer offload, LoRA)."""
+ZERO_INIT = ("ZeRO-1/2: the step holds less than the engine's initialisation, where DeepSpeed copies the "
+             "trainable parameters into one flat buffer while they still exist (the weights twice, for a moment; "
+             "--peft lora flattens only the adapters)")
+
 
 def _zero(spec: ModelSpec, inv: states.Inventory, setup: TrainSetup, precision: str, ms: dict[str, int],
           notes: list[str], card: GPU, step: Any) -> tuple[dict[str, int], str, dict[str, int]]:
@@ -404,15 +411,21 @@ def _zero(spec: ModelSpec, inv: states.Inventory, setup: TrainSetup, precision: 
     if rank.buffers:
         terms["deepspeed_buffers"] = rank.buffers
     held = rank.gradients if setup.grad_accum > 1 else 0  # a window's gradients wait for its last micro-batch
-    if rank.weights + rank.optimizer + held + found.bytes >= (rank.weights + rank.gradients + rank.optimizer
-                                                             + rank.step_temporaries + terms["cublas_workspace"]):
-        memory = {"weights": rank.weights, "gradients": held, "optimizer": rank.optimizer,
-                  "activations": found.activations, "other": found.bytes - found.activations + rank.buffers}
-        phase = "forward/backward"
-    else:
-        memory = {"weights": rank.weights, "gradients": rank.gradients, "optimizer": rank.optimizer,
-                  "activations": 0, "other": rank.step_temporaries + terms["cublas_workspace"] + rank.buffers}
-        phase = "optimizer step"
+    # DeepSpeed flattens on the GPU only where its free memory holds the flat buffer, else on the host
+    flat = rank.flat_copy if rank.weights + rank.flat_copy <= card.capacity else 0
+    candidates = [
+        ({"weights": rank.weights, "gradients": held, "optimizer": rank.optimizer,
+          "activations": found.activations, "other": found.bytes - found.activations + rank.buffers},
+         "forward/backward"),
+        ({"weights": rank.weights, "gradients": rank.gradients, "optimizer": rank.optimizer,
+          "activations": 0, "other": rank.step_temporaries + terms["cublas_workspace"] + rank.buffers},
+         "optimizer step"),
+        ({"weights": rank.weights + flat, "gradients": 0, "optimizer": 0, "activations": 0, "other": 0}, INIT_PHASE),
+    ]
+    memory, phase = max(candidates, key=lambda c: sum(c[0].values()))  # the first of equals: the step's
+    if phase == INIT_PHASE:
+        terms["deepspeed_init_peak"] = sum(memory.values())
+        notes.append(ZERO_INIT)
     memory["peak_allocated"] = sum(memory.values())
     return memory, phase, terms
 

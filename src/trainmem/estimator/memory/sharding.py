@@ -38,11 +38,17 @@ class RankStates:
     """Bytes of DeepSpeed's own GPU buffers held for the whole run: ZeRO-1/2 with optimizer offload stages each
     gradient through `temp_grad_buffer_for_gpu_offload`, as large as the largest trainable parameter in the
     weights' dtype (`stage_1_and_2.py`, allocated when the optimizer is built)."""
+    flat_copy: int = 0
+    """ZeRO-1/2: the bytes of the one flat buffer DeepSpeed's engine copies the trainable parameters into, in their
+    dtype, while they still exist (`stage_1_and_2.py`: on the GPU where its free memory holds the buffer, else on
+    the host); the parameters then become views of it. What the engine creates next (the fp32 partition and a
+    zero gradient for it, 8 bytes a parameter over N) never exceeds the step's 12 over N."""
 
 
 def rank_states(weights: int, gradients: int, optimizer: int, trainable: int, half_weights: bool,
                 n: int, shard: str, offload: str, largest_layer: int, foreach_copy: bool,
-                unsharded_optimizer: int = 0, zero3_live: int = 0, largest_param: int = 0) -> RankStates:
+                unsharded_optimizer: int = 0, zero3_live: int = 0, largest_param: int = 0,
+                trainable_bytes: int = 0) -> RankStates:
     """Per-GPU states for `shard` over `n` GPUs.
 
     `weights`/`gradients`/`optimizer` are the single-GPU bytes, `trainable` the trainable parameter count,
@@ -51,7 +57,8 @@ def rank_states(weights: int, gradients: int, optimizer: int, trainable: int, ha
     `unsharded_optimizer`: optimizer bytes every rank keeps whole (torch AdamW's 4-byte `step` per
     parameter tensor, which FSDP2 does not shard: measured exactly by the fake-group and gloo runs),
     `zero3_live`: the bytes of the parameters DeepSpeed ZeRO-3 keeps gathered at once (`ZERO3_MAX_LIVE`),
-    `largest_param`: the bytes of the largest trainable parameter (ZeRO-Offload's staging buffer, `buffers`).
+    `largest_param`: the bytes of the largest trainable parameter (ZeRO-Offload's staging buffer, `buffers`),
+    `trainable_bytes`: the trainable parameters' bytes in their dtype (ZeRO-1/2's `flat_copy`).
     FSDP2 pads dim 0 of each parameter to a multiple of `n`; the formulas leave that padding out.
     """
     notes: list[str] = []
@@ -95,4 +102,5 @@ def rank_states(weights: int, gradients: int, optimizer: int, trainable: int, ha
     buffers = largest_param if shard in ("zero1", "zero2") and offload == "optimizer" else 0
     if buffers:
         notes.append("ZeRO-Offload: DeepSpeed stages each gradient on the GPU in a buffer of the largest parameter")
-    return RankStates(w, g, opt, step, gathered, tuple(notes), host, buffers)
+    flat = trainable_bytes if shard in ("zero1", "zero2") else 0
+    return RankStates(w, g, opt, step, gathered, tuple(notes), host, buffers, flat)
