@@ -238,6 +238,7 @@ def test_measured_rows_are_predicted_at_the_card_they_ran_on():
     assert time_validate.predict(h100) > time_validate.predict(h200)  # the same work at the H100's lower figures
 
 
+@pytest.mark.slow  # two minutes of CPU matrix products: lab tooling, not a contributor's pre-commit check
 def test_the_alignment_benchmark_runs_and_compares_with_the_padded_vocabulary():
     """benchmarks/matmul_alignment.py, which measured `UNALIGNED_SLOWDOWN` on the H200, on tiny CPU products."""
     from lab import alignment as matmul_alignment
