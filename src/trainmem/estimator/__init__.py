@@ -391,7 +391,8 @@ ZERO_SIMULATED = ("ZeRO-1/2: the rank's forward and backward simulated as one GP
 """What a ZeRO-1/2 rank's answer says of its figures (docs/lab/zero-simulated-2026-12-06.md)."""
 
 INIT_PHASE = "DeepSpeed engine's initialisation"
-"""Where a ZeRO-1/2 rank peaks when its step holds less than the engine's set-up does (optimizer offload, LoRA)."""
+"""Where a ZeRO-1/2 rank peaks when its step holds less than the engine's set-up does (optimizer offload, short
+micro-batches)."""
 ZERO_INIT = ("ZeRO-1/2: the step holds less than the engine's initialisation, where DeepSpeed copies the "
              "trainable parameters into one flat buffer while they still exist (the weights twice, for a moment; "
              "--peft lora flattens only the adapters)")
