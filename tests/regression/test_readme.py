@@ -20,8 +20,8 @@ def test_readme_top_has_the_two_setup_commands_and_ci_runs_the_second():
     assert "pip install -q torch==2.13.0 -e '.[report]' -c constraints.txt" in install_run
     assert install_run.endswith("&& bash scripts/demo.sh")  # ... then the main job on its default
     assert "torch==2.13.0" in install_test and "-c constraints.txt" in install_test
-    assert install_test.endswith("-m pytest -q -m 'not slow' -n 2")  # the fast tier on two processes; CI runs
-    # `-m slow` after it
+    # the fast tier on two processes; CI runs `-m slow` after it
+    assert install_test.endswith("-m pytest -q -m 'not slow' -n 2")
     ci = (ROOT / ".ci" / "run").read_text()
     assert "grep -m1 -- '-m pytest' README.md" in ci and "pytest -q -m slow" in ci
     assert [l for l in README.splitlines() if "-m pytest" in l][0] == install_test

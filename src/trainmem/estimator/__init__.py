@@ -364,13 +364,12 @@ def _rank_states(inv: states.Inventory, setup: TrainSetup, precision: str,
     gathered = _largest_layer(inv) // (2 if precision.startswith("amp") and setup.shard == "fsdp" else 1)
     total = sum(p.numel for p in inv.params)
     live = ms["weights"] * min(sharding.ZERO3_MAX_LIVE, total) // max(total, 1)
+    sizes = [int(p.numel * p.bytes_per) for p in inv.params if p.trainable]
     return sharding.rank_states(ms["weights"], ms["gradients"], ms["optimizer"], trainable,
                                 precision in ("fp16", "bf16"), setup.shard_group, setup.shard, setup.offload,
                                 gathered, foreach_copy=OPTIMIZERS[setup.optimizer].foreach,
                                 unsharded_optimizer=_step_scalars(inv, setup.optimizer), zero3_live=live,
-                                largest_param=max((int(p.numel * p.bytes_per) for p in inv.params if p.trainable),
-                                                  default=0),
-                                trainable_bytes=sum(int(p.numel * p.bytes_per) for p in inv.params if p.trainable))
+                                largest_param=max(sizes, default=0), trainable_bytes=sum(sizes))
 
 
 def _rank_notes(rank: sharding.RankStates, setup: TrainSetup, terms: dict[str, int], notes: list[str]) -> None:

@@ -90,7 +90,8 @@ class Breakdown:
     """weights + gradients + optimizer + activations + other == peak_allocated, as in a measurement."""
     model_states: dict[str, int]
     peak_phase: str
-    """`forward/backward` or `optimizer step`: where the peak happens."""
+    """`forward/backward` or `optimizer step`: where the peak happens (a ZeRO-1/2 rank: also `INIT_PHASE`, the
+    DeepSpeed engine's set-up)."""
     setup: dict[str, Any]
     model: dict[str, Any]
     device_overhead: int
