@@ -22,6 +22,7 @@ import contextlib
 from typing import Any, Callable
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from trainmem.config.optimizers import OPTIMIZERS
 from trainmem.config.setup import TrainSetup
@@ -36,6 +37,7 @@ from . import autocast, liger, mamba, quantized, states, trlhead
 from .inplace import InPlace
 from .standins import cuda_choices
 
+_DEVICE = torch.ops.prim.device.default
 _MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
             torch.ops.aten.baddbmm.default}
 
@@ -121,6 +123,11 @@ class SimulatedLedger(TensorLedger):
         """Whether the step's host reads needed the balanced-routing assumption (`hostvalues.ROUTING_BALANCED`)."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is _DEVICE and type(args[0]) is FakeTensor:
+            # a fake tensor's `device`, which C++ asks of it as an operator: over half of a sharded step's
+            # dispatches (autograd's engine asks of every tensor it meets); answered as FakeTensorMode answers
+            # it, with no tensor made, instead of through the ledger's and HostValues' modes
+            return args[0].fake_device
         done = self.inplace.add(func, args)
         return done if done is not None else super().__torch_dispatch__(func, types, args, kwargs)
 
