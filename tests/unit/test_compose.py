@@ -52,3 +52,22 @@ def test_steps_that_are_not_one_block_more_do_not_compose() -> None:
     with pytest.raises(compose.ComposeError):
         compose.insertions(small, [("A", 8), ("A", 32), ("A", 16), ("F", 8)])
     assert compose.insertions(small, [("A", 8), ("A", 8), ("A", 16), ("F", 8)]) == [(1, 1)]
+
+
+def test_several_setups_cut_at_once_are_each_setups_own_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`cut_steps` (the checked advice's changes: every cut model of every setup one piece of one pool) gives each
+    setup the step `simulated_step` composes for it alone; a setup simulated whole (QLoRA) or refused is None."""
+    from trainmem.estimator import cut_steps
+
+    spec = ModelSpec.resolve("tiny-llama").cut(9)
+    base = dict(precision="bf16", batch_size=2, seq_len=64, gpu="H100")
+    setups = [TrainSetup(**base, gpus=4, shard="fsdp"), TrainSetup(**base, peft="lora"),
+              TrainSetup(**base, peft="qlora")]
+    monkeypatch.setattr(compose, "MIN_LAYERS", 9)
+    steps = cut_steps(spec, setups)
+    assert steps[2] is None
+    for setup, step in zip(setups[:2], steps):  # an FSDP rank cut from 4 layers up, the others from 3
+        own = _step(spec, setup.validate(spec), monkeypatch, 9)
+        assert isinstance(step, compose.ComposedStep)
+        assert (step.events, step.marks, step.peak, step.peak_split) == (own.events, own.marks, own.peak,
+                                                                         own.peak_split)

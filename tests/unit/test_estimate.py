@@ -619,7 +619,7 @@ def test_advice_whose_states_alone_exceed_the_card_is_answered_without_an_estima
     b = estimate(spec, setup, "analytic")
     assert b.verdict(capped)["cut_first"] == "optimizer"
     estimated: list[TrainSetup] = []
-    monkeypatch.setattr(advice, "estimate", lambda sp, s, method: estimated.append(s) or estimate(sp, s, method))
+    monkeypatch.setattr(advice, "estimate", lambda sp, s, method, **kw: estimated.append(s) or estimate(sp, s, method, **kw))
     rows = advice.check(spec, setup, b, capped, 0.02, "analytic")
     # 8-bit AdamW keeps 2 GB of weights and 2 GB of gradients: over the cap; LoRA's states are under it: estimated
     assert [(r["change"], r["level"], r.get("floor")) for r in rows] == [

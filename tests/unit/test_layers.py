@@ -106,7 +106,7 @@ ALLOWED: dict[str, set[str] | None] = {
                          "measure.ledger", "measure.train"},
     "estimator.time": {"config", "estimator.memory", "hardware", "measure.accumulation", "measure.build",
                        "measure.ledger"},
-    "estimator": {"config", "errors", "estimator.memory", "estimator.time", "hardware", "result", "version"},
+    "estimator": {"config", "errors", "estimator.memory", "estimator.time", "forked", "hardware", "result", "version"},
     "integrations": {"config", "estimator", "measure", "result"},
     "isolation": {"config", "errors", "integrations", "measure", "result"},
     "search": {"config", "errors", "estimator", "estimator.memory", "forked", "hardware", "isolation", "result"},

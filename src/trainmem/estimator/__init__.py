@@ -21,6 +21,7 @@ from typing import Any
 from trainmem.config.optimizers import OPTIMIZERS
 from trainmem.config.setup import ESTIMATORS, TrainSetup, lora_targets_note
 from trainmem.config.specs import ModelSpec
+from trainmem.forked import at_once
 from trainmem.hardware import cuda
 from trainmem.hardware.gpus import CATALOG, GPU, find_gpu
 from trainmem.version import stamp
@@ -89,10 +90,8 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
     precision = setup.resolved_precision(spec, "cuda")
     method, why = _method(setup, method)
     notes = _setup_notes(spec, setup, why)
-    # the card's runtime (cuBLAS workspace, SDPA kernel, memory outside the allocator); without --gpu the
-    # H200's, where the runtime figures were measured
     card = find_gpu(setup.gpu) if setup.gpu else None
-    runtime_card = card or CATALOG["H200"]
+    runtime_card = _runtime_card(setup)
     notes += _card_notes(card)
     paged = OPTIMIZERS[setup.optimizer].paged
     if paged:
@@ -524,10 +523,12 @@ def _lora_inputs(inv: states.Inventory, setup: TrainSetup, layers: int) -> int:
     return widths // layers
 
 
-def simulated_step(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU) -> Any:
+def simulated_step(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU,
+                   ready: dict[int, Any] | None = None) -> Any:
     """The recording ledger of `setup`'s simulated steps on `card`'s runtime: rank 0's under FSDP2, else the
     model's own (`simulate.simulate_step`); for a ZeRO-1/2 rank, what its forward and backward hold beyond the
-    states (`zero.Excess`), from the same micro-batches' step on one GPU."""
+    states (`zero.Excess`), from the same micro-batches' step on one GPU. `ready`: cut models already simulated,
+    by depth (`cut_steps`)."""
     if zero.simulates(setup):
         single = zero.single_gpu(setup)
 
@@ -536,18 +537,66 @@ def simulated_step(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU
             return simulate_step(model_builder(model, single, precision, card), single, precision,
                                  workspace=card.cublas_workspace, flash=card.flash, sms=card.sms, splits=True)[0]
         return zero.rank_excess(spec.config, int(spec.text_config().num_hidden_layers), cut)
+    composed = compose.composed_step(spec.config, _composed_layers(spec, setup),
+                                     lambda k: _simulated(spec.cut(k), setup, precision, card, splits=True),
+                                     _first_cut(setup), ready)
+    return composed if composed is not None else _simulated(spec, setup, precision, card)
 
-    def simulated(model: ModelSpec, splits: bool = False) -> Any:
-        if setup.shard == "fsdp":
-            return sharded.simulate_fsdp_rank(model, setup, precision, splits=splits)[0]
-        return simulate_step(model_builder(model, setup, precision, card), setup, precision,
-                             workspace=card.cublas_workspace, flash=card.flash, sms=card.sms, splits=splits)[0]
 
-    # QLoRA's build holds one buffer that grows with the depth, which no cut composes: simulated whole at once
-    layers = int(spec.text_config().num_hidden_layers) if setup.peft != "qlora" else 0
-    composed = compose.composed_step(spec.config, layers, lambda k: simulated(spec.cut(k), splits=True),
-                                     compose.SHARDED_FIRST if setup.shard == "fsdp" else compose.CUTS[0])
-    return composed if composed is not None else simulated(spec)
+def cut_steps(spec: ModelSpec, setups: list[TrainSetup], method: str = "auto") -> list[Any]:
+    """The simulated steps of several setups of one model, for `estimate(..., step=...)`, where each is composed
+    from cut models (`compose`): every cut model of every setup is one piece of one `forked.at_once`, the deepest
+    first, so that both cores stay busy until the last piece (with one process per setup, a core waits while the
+    setup with the most operators, LoRA's, finishes). None for a setup `estimate` prices otherwise (a model
+    simulated whole, a ZeRO rank, the analytic method, a setup it refuses)."""
+    from trainmem.errors import SetupError
+
+    plans: list[tuple[TrainSetup, str, GPU] | None] = []
+    for setup in setups:
+        try:
+            setup = setup.validate(spec)
+            precision = setup.resolved_precision(spec, "cuda")
+        except SetupError:
+            plans.append(None)
+            continue
+        composes = (method in METHODS and _method(setup, method)[0] == "simulate" and not zero.simulates(setup)
+                    and compose.composable(spec.config, _composed_layers(spec, setup)))
+        plans.append((setup, precision, _runtime_card(setup)) if composes else None)
+    pieces = sorted(((-k, i) for i, plan in enumerate(plans) if plan is not None
+                     for k in compose.first_depths(_first_cut(plan[0]))))
+
+    def simulate(piece: tuple[int, int]) -> Any:
+        setup, precision, card = plans[piece[1]]  # type: ignore[misc]
+        return compose.Recorded.of(_simulated(spec.cut(-piece[0]), setup, precision, card, splits=True))
+    done: dict[int, dict[int, Any]] = {}
+    for (k, i), ledger in zip(pieces, at_once(simulate, pieces)):
+        done.setdefault(i, {})[-k] = ledger
+    return [None if plan is None else simulated_step(spec, plan[0], plan[1], plan[2], done[i])
+            for i, plan in enumerate(plans)]
+
+
+def _simulated(model: ModelSpec, setup: TrainSetup, precision: str, card: GPU, splits: bool = False) -> Any:
+    """The simulated ledger of `model` (whole or cut): FSDP2's rank 0, or one GPU's step on `card`'s runtime."""
+    if setup.shard == "fsdp":
+        return sharded.simulate_fsdp_rank(model, setup, precision, splits=splits)[0]
+    return simulate_step(model_builder(model, setup, precision, card), setup, precision,
+                         workspace=card.cublas_workspace, flash=card.flash, sms=card.sms, splits=splits)[0]
+
+
+def _composed_layers(spec: ModelSpec, setup: TrainSetup) -> int:
+    """The decoder layers a composed step extends to; 0 (never composed) under QLoRA, whose build holds one
+    buffer that grows with the depth, which no cut composes: simulated whole at once."""
+    return int(spec.text_config().num_hidden_layers) if setup.peft != "qlora" else 0
+
+
+def _first_cut(setup: TrainSetup) -> int:
+    return compose.SHARDED_FIRST if setup.shard == "fsdp" else compose.CUTS[0]
+
+
+def _runtime_card(setup: TrainSetup) -> GPU:
+    """The card whose runtime (cuBLAS workspace, SDPA kernel, memory outside the allocator) a step is simulated
+    on: `--gpu`'s, without it the H200's, where the runtime figures were measured."""
+    return find_gpu(setup.gpu) if setup.gpu else CATALOG["H200"]
 
 
 def _simulate(spec: ModelSpec, setup: TrainSetup, precision: str, notes: list[str], card: GPU,
@@ -654,5 +703,5 @@ def _smallest_cap(events: list[tuple[int, int]], steady: int | None, failed: int
     return _Replayed(best.peak_reserved, best.peak_allocated), settled
 
 
-__all__ = ["estimate", "simulated_only", "reads_sms", "states_floor", "simulated_step", "Breakdown", "EstimateError",
+__all__ = ["estimate", "simulated_only", "reads_sms", "states_floor", "simulated_step", "cut_steps", "Breakdown", "EstimateError",
            "METHODS", "ADVICE"]

@@ -23,7 +23,7 @@ from trainmem.config.optimizers import OPTIMIZERS
 from trainmem.config.setup import TrainSetup
 from trainmem.config.specs import ModelSpec
 from trainmem.errors import SetupError
-from trainmem.estimator import EstimateError, estimate, states_floor
+from trainmem.estimator import EstimateError, cut_steps, estimate, states_floor
 from trainmem.estimator.breakdown import Breakdown
 from trainmem.forked import at_once
 from trainmem.hardware.cuda import MAMBA_FAMILIES
@@ -79,8 +79,8 @@ def _levels(spec: ModelSpec, setups: list[TrainSetup], card: str | GPU, margin: 
             method: str) -> list[dict[str, Any] | None]:
     """What each changed setup needs and its level (None: a change the setup refuses). Where its states alone
     exceed the card (`states_floor`), that floor and `no`, marked `floor`, without estimating the step; the
-    others are estimated, at once in forked processes (`forked.at_once`): each is a whole estimate (three
-    simulations of cut models for a 70B rank)."""
+    others are estimated at once (`forked.at_once`): a deep model's cut models of every change as the pieces
+    (`cut_steps`), else each change's whole estimate."""
     capacity = (card if isinstance(card, GPU) else find_gpu(card)).capacity
     levels: list[dict[str, Any] | None] = []
     estimated: list[int] = []  # the changes under the card by their states: their estimates decide
@@ -93,16 +93,22 @@ def _levels(spec: ModelSpec, setups: list[TrainSetup], card: str | GPU, margin: 
         levels.append({"need": floor, "level": "no", "floor": True} if floor > capacity else None)
         if floor <= capacity:
             estimated.append(i)
-    for i, level in zip(estimated, at_once(lambda i: _estimated(spec, setups[i], card, margin, method), estimated)):
+    steps = dict(zip(estimated, cut_steps(spec, [setups[i] for i in estimated], method)))
+    for i, step in steps.items():  # composed from cut models simulated at once, above: each replayed here
+        if step is not None:
+            levels[i] = _estimated(spec, setups[i], card, margin, method, step)
+    whole = [i for i, step in steps.items() if step is None]
+    for i, level in zip(whole, at_once(lambda i: _estimated(spec, setups[i], card, margin, method), whole)):
         levels[i] = level
     return levels
 
 
 def _estimated(spec: ModelSpec, setup: TrainSetup, card: str | GPU, margin: float,
-               method: str) -> dict[str, Any] | None:
-    """The changed setup's need and level from its estimate; None where the setup refuses the change."""
+               method: str, step: Any = None) -> dict[str, Any] | None:
+    """The changed setup's need and level from its estimate (of its simulated `step`, where that is made);
+    None where the setup refuses the change."""
     try:
-        v = estimate(spec, setup, method).verdict(card, margin)
+        v = estimate(spec, setup, method, step=step).verdict(card, margin)
     except (SetupError, EstimateError):
         return None
     return {"need": v["need"], "level": v["level"]}

@@ -449,22 +449,30 @@ def composable(config: dict[str, Any], layers: int) -> bool:
     return layers >= MIN_LAYERS and uniform(str(text.get("model_type", config.get("model_type"))), text)
 
 
+def first_depths(first: int = CUTS[0]) -> tuple[int, int, int]:
+    """The cut models `composed_step` simulates first: two to compose from, the third to check them against."""
+    return first, first + 1, first + 2
+
+
 def composed_step(config: dict[str, Any], layers: int, simulate: Callable[[int], Any],
-                  first: int = CUTS[0]) -> ComposedStep | None:
+                  first: int = CUTS[0], ready: dict[int, Recorded] | None = None) -> ComposedStep | None:
     """The step of the model of `layers` decoder layers composed from `simulate(k)`, the simulated ledger of
     the model cut to k layers: from the steps of `first` and `first + 1` layers, checked against the step of
     `first + 2`, and from one layer more each where those leave a rule open (once); None where the model's
     layers differ (`uniform`), it is too shallow to gain, or no two cut steps compose into the next one exactly.
-    An FSDP2 rank starts at 4 layers (`SHARDED_FIRST`): its prefetch needs two periods in every run."""
+    An FSDP2 rank starts at 4 layers (`SHARDED_FIRST`): its prefetch needs two periods in every run. `ready`: cut
+    models simulated already, by depth (`estimator.cut_steps`: several setups' at once)."""
     if not composable(config, layers):
         return None
-    ledgers: dict[int, Any] = {}
+    ledgers: dict[int, Any] = dict(ready or {})
     traces: dict[int, Trace] = {}
     for small in (first, first + 1):
-        depths = [k for k in (small, small + 1, small + 2) if k not in ledgers]
+        depths = [k for k in reversed(first_depths(small)) if k not in ledgers]  # the deepest, the longest, first
         for k, ledger in zip(depths, at_once(lambda k: Recorded.of(simulate(k)), depths)):
             ledgers[k] = ledger
-            traces[k] = Trace.of(ledger.events or [], ledger.marks)
+        for k in first_depths(small):
+            if k not in traces:
+                traces[k] = Trace.of(ledgers[k].events or [], ledgers[k].marks)
         big, check = small + 1, small + 2
         try:
             seen = compose(traces[small], traces[big], check, big)
