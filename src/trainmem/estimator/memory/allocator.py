@@ -51,7 +51,7 @@ def segment_size(n: int) -> int:
     return -(-n // ROUND_LARGE) * ROUND_LARGE
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Block:
     addr: int
     size: int
@@ -91,17 +91,27 @@ class CachingAllocator:
     _next_addr: int = 1 << 48
 
     def malloc(self, key: object, nbytes: int) -> None:
-        """Allocate `nbytes` for `key` (a size-0 request takes no block, as in PyTorch)."""
+        """Allocate `nbytes` for `key` (a size-0 request takes no block, as in PyTorch). A replay makes hundreds of
+        thousands of these: `round_size`, `_best_fit` and `_split` are written out here."""
         if nbytes <= 0:
             return
-        size = round_size(nbytes)
+        size = MIN_BLOCK if nbytes < MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
         small = size <= SMALL_SIZE
-        block = self._best_fit(small, size) or self._new_segment(small, size)
-        self._split(block, size)
+        pool = self._pools.get((self.stream, small))
+        i = bisect.bisect_left(pool, (size, -1)) if pool else 0
+        block = pool.pop(i)[2] if pool and i < len(pool) else self._new_segment(small, size)
+        rest = block.size - size
+        if rest >= MIN_BLOCK if small else rest > SMALL_SIZE:
+            tail = _Block(block.addr + size, rest, small, block.segment, block.stream, block, block.next)
+            if block.next is not None:
+                block.next.prev = tail
+            block.next, block.size = tail, size
+            self._pool(tail)
         block.free = False
         self._live[key] = block
         self.allocated += block.size
-        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        if self.allocated > self.peak_allocated:
+            self.peak_allocated = self.allocated
 
     def free(self, key: object) -> None:
         block = self._live.pop(key, None)
@@ -109,10 +119,13 @@ class CachingAllocator:
             return
         self.allocated -= block.size
         block.free = True
-        for neighbour in (block.prev, block.next):
-            if neighbour is not None and neighbour.free:
-                self._unpool(neighbour)
-                block = self._merge(block, neighbour)
+        prev, nxt = block.prev, block.next
+        if prev is not None and prev.free:
+            self._unpool(prev)
+            block = self._merge(block, prev)
+        if nxt is not None and nxt.free:
+            self._unpool(nxt)
+            block = self._merge(block, nxt)
         self._pool(block)
 
     def empty_cache(self) -> None:
@@ -140,13 +153,6 @@ class CachingAllocator:
         self.peak_reserved, self.peak_allocated = self.reserved, self.allocated
 
     # --- policy ---------------------------------------------------------------------------------------
-    def _best_fit(self, small: bool, size: int) -> _Block | None:
-        pool = self._pools.get((self.stream, small), ())
-        i = bisect.bisect_left(pool, (size, -1))
-        if i == len(pool):
-            return None
-        return pool.pop(i)[2]  # type: ignore[union-attr]
-
     def _new_segment(self, small: bool, size: int) -> _Block:
         seg = segment_size(size)
         if self.cap is not None and self.reserved + seg > self.cap:
@@ -161,16 +167,6 @@ class CachingAllocator:
         self.reserved += seg
         self.peak_reserved = max(self.peak_reserved, self.reserved)
         return block
-
-    def _split(self, block: _Block, size: int) -> None:
-        rest = block.size - size
-        if rest >= MIN_BLOCK if block.small else rest > SMALL_SIZE:
-            tail = _Block(block.addr + size, rest, block.small, block.segment, block.stream, prev=block,
-                          next=block.next)
-            if block.next is not None:
-                block.next.prev = tail
-            block.next, block.size = tail, size
-            self._pool(tail)
 
     def _merge(self, block: _Block, other: _Block) -> _Block:
         first, second = (block, other) if block.addr < other.addr else (other, block)
@@ -198,15 +194,18 @@ def replay(events: Iterable[tuple[object, int]], cap: int | None = None,
     from trainmem.measure.ledger import EMPTY_CACHE, STREAM
 
     a = allocator or CachingAllocator(cap=cap)
+    malloc, free = a.malloc, a.free
     for key, n in events:
-        if key == STREAM:
+        if n < 0:
+            free(key)
+        elif key.__class__ is not str:
+            malloc(key, n)
+        elif key == STREAM:
             a.stream = n
         elif key == EMPTY_CACHE:
             a.empty_cache()
-        elif n < 0:
-            a.free(key)
         else:
-            a.malloc(key, n)
+            malloc(key, n)
     return a
 
 
