@@ -111,3 +111,31 @@ def test_a_rank_whose_step_holds_less_peaks_at_the_engines_flat_copy(tmp_path):
     assert any(n.startswith("ZeRO-1/2: the step holds less than the engine's initialisation") for n in full.notes)
     lora = estimate(spec, TrainSetup(**kw, peft="lora"))
     assert lora.peak_phase == "forward/backward" and "deepspeed_init_peak" not in lora.terms
+
+
+def test_where_the_flat_copy_would_not_fit_beside_the_weights_it_is_made_on_the_host(tmp_path, monkeypatch):
+    """DeepSpeed flattens a parameter group on the GPU only where the card's free memory holds the flat buffer
+    (`stage_1_and_2.py`, read in 0.19.8), else on the host: on a card one byte short of the weights and the flat copy
+    the engine's set-up holds the weights alone, and the rank's peak is its step's; on a card that holds both, the
+    set-up is the peak again. Read in DeepSpeed's source, not measured on such a card."""
+    import dataclasses
+
+    import trainmem.estimator as estimator
+
+    wide = {**LLAMA, "hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 8, "num_attention_heads": 8,
+            "num_key_value_heads": 8, "vocab_size": 8000}
+    (tmp_path / "config.json").write_text(json.dumps(wide))
+    spec = ModelSpec.resolve(str(tmp_path / "config.json"))
+    setup = TrainSetup(gpus=8, shard="zero2", offload="optimizer", precision="bf16", batch_size=1, seq_len=16,
+                       gpu="H100")
+    on_gpu = estimate(spec, setup)
+    both = on_gpu.terms["deepspeed_init_peak"]
+    for capacity, flattened_on_gpu in ((both - 1, False), (both, True)):
+        card = dataclasses.replace(H100, capacity=capacity)
+        monkeypatch.setattr(estimator, "find_gpu", lambda name, card=card: card)
+        b = estimate(spec, setup)
+        assert (b.peak_phase == "DeepSpeed engine's initialisation") is flattened_on_gpu
+        assert ("deepspeed_init_peak" in b.terms) is flattened_on_gpu
+        assert (b.memory["peak_allocated"] == both) is flattened_on_gpu
+        if not flattened_on_gpu:
+            assert b.memory["peak_allocated"] < both
