@@ -8,8 +8,10 @@ import again (seconds each on two cores); this process working too keeps what it
 dispatch cache, DTensor's sharding rules: most of a second for each process's first sharded simulation) for the
 children of a later call, which inherit it.
 
-Only where the platform can fork, there is more than one core and more than one piece, and not inside a piece
-(its cores are taken by the other pieces); elsewhere the pieces run one after another in this process."""
+Where a CUDA device exists, only children take pieces: a backward in this process would start autograd's device
+threads, after which no forked child can run one (`_autograd_threads`). Only on Linux (fork), where there is more
+than one core and more than one piece, not inside a piece (its cores are taken by the other pieces) and not after
+this process started autograd's device threads; elsewhere the pieces run one after another in this process."""
 
 from __future__ import annotations
 
@@ -34,8 +36,9 @@ def at_once(work: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
     and the items need not (the children inherit them at the fork)."""
     global _BUSY
     workers = min(len(items), os.cpu_count() or 1)
-    if workers < 2 or _BUSY or "fork" not in multiprocessing.get_all_start_methods():
+    if workers < 2 or _BUSY or not sys.platform.startswith("linux") or _autograd_threads():
         return [work(x) for x in items]
+    here = not _device_threads_would_start()
     ctx = multiprocessing.get_context("fork")
     taken = ctx.Value("i", 0)
     answers = ctx.Queue()
@@ -47,13 +50,13 @@ def at_once(work: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
         return i if i < len(items) else None
 
     children = [ctx.Process(target=_child, args=(work, items, next_item, answers), daemon=True)
-                for _ in range(workers - 1)]
+                for _ in range(workers - 1 if here else workers)]
     for child in children:
         child.start()
     out: dict[int, Any] = {}
     _BUSY = True
     try:
-        while (i := next_item()) is not None:
+        while here and (i := next_item()) is not None:
             out[i] = work(items[i])
     except BaseException:
         for child in children:
@@ -81,6 +84,33 @@ def at_once(work: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
     if failed is not None:
         raise failed
     return [out[i] for i in range(len(items))]
+
+
+def _autograd_threads() -> bool:
+    """Whether autograd's engine runs device threads in this process (`pt_autograd_N`: it starts them at its first
+    backward where a CUDA device exists, a real step's or a simulated one's): a forked child's backward then fails
+    ("Unable to handle autograd's threading in combination with fork-based multiprocessing"), so the pieces run
+    here, in turn."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return True  # cannot tell: do not fork
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                if f.read().startswith("pt_autograd"):
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def _device_threads_would_start() -> bool:
+    """Whether a backward here would start autograd's device threads (a CUDA device exists), after which this
+    process could fork no more: then only children take pieces, and this process waits."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _child(work: Callable[[Any], Any], items: Sequence[Any], next_item: Callable[[], int | None],

@@ -9,7 +9,8 @@ import pytest
 
 from trainmem import forked
 
-FORKS = os.cpu_count() and os.cpu_count() > 1 and "fork" in forked.multiprocessing.get_all_start_methods()
+FORKS = bool(os.cpu_count() and os.cpu_count() > 1 and forked.sys.platform.startswith("linux")
+             and not forked._autograd_threads())
 
 
 def test_answers_come_back_in_order_from_this_process_and_its_children():
@@ -20,9 +21,10 @@ def test_answers_come_back_in_order_from_this_process_and_its_children():
     got = forked.at_once(piece, list(range(9)))
     assert [square for square, _ in got] == [x * x for x in range(9)]
     pids = {pid for _, pid in got}
-    assert os.getpid() in pids  # this process takes pieces too, and keeps what they warmed
     if FORKS:
         assert len(pids) >= 2
+    if FORKS and not forked._device_threads_would_start():
+        assert os.getpid() in pids  # this process takes pieces too, and keeps what they warmed
 
 
 def test_a_nested_call_runs_its_pieces_in_turn():
