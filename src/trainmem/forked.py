@@ -64,7 +64,7 @@ def at_once(work: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
         raise
     finally:
         _BUSY = False
-    owed = len(items) - len(out)  # every piece is taken: the rest are the children's
+    owed = len(items) - len(out)  # the pieces the children took
     failed: BaseException | None = None
     while owed > 0:
         try:
