@@ -384,9 +384,10 @@ def _rank_notes(rank: sharding.RankStates, setup: TrainSetup, terms: dict[str, i
 
 ZERO_SIMULATED = ("ZeRO-1/2: the rank's forward and backward simulated as one GPU's (a stage-1/2 rank runs them "
                   "unsharded), its states from DeepSpeed's partitioning; reserved is the allocated bytes times "
-                  f"{runtime.DEEPSPEED_RESERVED_OVER_ALLOCATED} (DeepSpeed's buckets are not simulated); not yet held "
-                  "out against measured ranks")
-"""What a ZeRO-1/2 rank's answer says of its figures (docs/lab/zero-simulated-2026-12-06.md)."""
+                  f"{runtime.DEEPSPEED_RESERVED_OVER_ALLOCATED} (DeepSpeed's buckets are not simulated); on ten "
+                  "DeepSpeed ranks measured on one H100 and held out, peak_allocated median error 0.2%, worst -12%, "
+                  "peak_reserved median 13%, worst -29%")
+"""What a ZeRO-1/2 rank's answer says of its figures (docs/lab/zero-held-out-set3-2026-12-07.md)."""
 
 INIT_PHASE = "DeepSpeed engine's initialisation"
 """Where a ZeRO-1/2 rank peaks when its step holds less than the engine's set-up does (optimizer offload, short
