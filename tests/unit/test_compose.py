@@ -71,3 +71,18 @@ def test_several_setups_cut_at_once_are_each_setups_own_step(monkeypatch: pytest
         assert isinstance(step, compose.ComposedStep)
         assert (step.events, step.marks, step.peak, step.peak_split) == (own.events, own.marks, own.peak,
                                                                          own.peak_split)
+
+
+def test_a_cut_the_meta_device_cannot_run_is_left_to_the_estimate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cut model whose step reads a value the meta device cannot know leaves its setup to `estimate`, which falls
+    back to the analytic method as it does for any model (the advice then estimates it whole, as before)."""
+    import trainmem.estimator as estimator
+    from trainmem.estimator.memory.hostvalues import UnknownValue
+
+    def unknown(*args, **kwargs):
+        raise UnknownValue("a value that depends on the data")
+
+    monkeypatch.setattr(compose, "MIN_LAYERS", 9)
+    monkeypatch.setattr(estimator, "_simulated", unknown)
+    spec = ModelSpec.resolve("tiny-llama").cut(9)
+    assert estimator.cut_steps(spec, [TrainSetup(batch_size=2, seq_len=64, gpu="H100")]) == [None]

@@ -90,8 +90,8 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
     precision = setup.resolved_precision(spec, "cuda")
     method, why = _method(setup, method)
     notes = _setup_notes(spec, setup, why)
-    card = find_gpu(setup.gpu) if setup.gpu else None
     runtime_card = _runtime_card(setup)
+    card = runtime_card if setup.gpu else None
     notes += _card_notes(card)
     paged = OPTIMIZERS[setup.optimizer].paged
     if paged:
@@ -568,11 +568,14 @@ def cut_steps(spec: ModelSpec, setups: list[TrainSetup], method: str = "auto") -
 
     def simulate(piece: tuple[int, int]) -> Any:
         setup, precision, card = plans[piece[1]]  # type: ignore[misc]
-        return compose.Recorded.of(_simulated(spec.cut(-piece[0]), setup, precision, card, splits=True))
+        try:
+            return compose.Recorded.of(_simulated(spec.cut(-piece[0]), setup, precision, card, splits=True))
+        except (UnknownValue, NotImplementedError, SetupError):
+            return None  # `estimate` meets it again and answers as it does (the analytic method, or the error)
     done: dict[int, dict[int, Any]] = {}
     for (k, i), ledger in zip(pieces, at_once(simulate, pieces)):
         done.setdefault(i, {})[-k] = ledger
-    return [None if plan is None else simulated_step(spec, plan[0], plan[1], plan[2], done[i])
+    return [None if plan is None or None in done[i].values() else simulated_step(spec, *plan, done[i])
             for i, plan in enumerate(plans)]
 
 
