@@ -1,7 +1,7 @@
 """One rank of a DeepSpeed ZeRO run, measured on one GPU through the fake process group (issue 40, item 3), beside
 trainmem's estimate of the same setup: measured vs estimated peak_allocated and peak_reserved.
 
-    python benchmarks/zero_ranks_gpu.py OUT_DIR [--set 1|2|3] [INDEX ...]   # on a GPU with DeepSpeed importable
+    python benchmarks/zero_ranks_gpu.py OUT_DIR [--set 1|2|3|4] [INDEX ...]   # on a GPU with DeepSpeed importable
 
 Each rank runs as `trainmem run --device cuda --engine deepspeed --gpus N --shard zeroK --rank R` in a fresh
 process (`trainmem.isolation.runner.run`), 3 steps, up to 10 minutes; its row goes to OUT_DIR/zero-ranks.jsonl and
@@ -68,7 +68,27 @@ ranks over ten presets not in sets 1 and 2's ZeRO-1/2 rows (Gemma-2, OPT, BLOOM,
 3.8B under autocast, an LFM2 hybrid, Mistral with optimizer offload, Llama in fp32, an OLMoE mixture of experts),
 accumulation over two micro-batches in one; chosen at the commit that added them, before any ran."""
 
-SETS = {"1": RANKS, "2": RANKS_2, "3": RANKS_3}
+RANKS_4: list[tuple[str, dict]] = [
+    ("gpt2", dict(shard="zero2", gpus=4, precision="bf16", batch_size=4, seq_len=1024, rank=1)),
+    ("stablelm-2-1.6b", dict(shard="zero2", gpus=8, precision="bf16", batch_size=1, seq_len=1024, rank=5, **CKPT)),
+    ("falcon-7b", dict(shard="zero2", gpus=8, precision="bf16", batch_size=1, seq_len=1024, optimizer="adamw-fused",
+                       rank=5, **CKPT)),
+    ("llama-3.1-8b", dict(shard="zero1", gpus=8, precision="bf16", batch_size=1, seq_len=1024, rank=5, **CKPT)),
+    ("polyglot-ko-5.8b", dict(shard="zero2", gpus=4, precision="amp-bf16", batch_size=1, seq_len=512, **CKPT)),
+    ("llama-3.1-8b", dict(shard="zero2", gpus=2, precision="bf16", batch_size=2, seq_len=1024, peft="lora", **CKPT)),
+    ("stablelm-2-1.6b", dict(shard="zero1", gpus=4, precision="fp32", batch_size=2, seq_len=512, rank=3)),
+    ("polyglot-ko-12.8b", dict(shard="zero2", gpus=16, precision="bf16", batch_size=1, seq_len=512, grad_accum=2,
+                               rank=6, **CKPT)),
+    ("qwen1.5-moe-a2.7b", dict(shard="zero2", gpus=16, precision="bf16", batch_size=2, seq_len=1024, rank=2, **CKPT)),
+    ("deepseek-v2-lite", dict(shard="zero2", gpus=16, precision="bf16", batch_size=1, seq_len=1024, rank=3, **CKPT)),
+]
+"""Set 4, held out for DeepSpeed's optimizer step priced on the fullest rank (`zero.optimizer_step`): ten ranks
+over presets no earlier set's ZeRO-1/2 rows used (GPT-2, StableLM-2, Falcon with fused AdamW, Llama-3.1-8B full
+under ZeRO-1 and LoRA under ZeRO-2, GPT-NeoX 5.8B under autocast, StableLM-2 in fp32, GPT-NeoX 12.8B with
+accumulation, two mixtures of experts), worlds 2 to 16; each rank is the one the estimate names the fullest
+(`zero.StepPeak.rank`, computed when they were chosen). Chosen at the commit that added them, before any ran."""
+
+SETS = {"1": RANKS, "2": RANKS_2, "3": RANKS_3, "4": RANKS_4}
 
 FIELDS = ("peak_allocated", "peak_reserved")
 

@@ -11,6 +11,7 @@ from trainmem import ModelSpec, TrainSetup
 from trainmem.estimator import estimate, simulated_step
 from trainmem.estimator.memory import zero
 from trainmem.estimator.memory.simulate import model_builder, simulate_step
+from trainmem.estimator.memory.states import inventory
 from trainmem.hardware.gpus import find_gpu
 
 H100 = find_gpu("H100")
@@ -139,3 +140,29 @@ def test_where_the_flat_copy_would_not_fit_beside_the_weights_it_is_made_on_the_
         assert (b.memory["peak_allocated"] == both) is flattened_on_gpu
         if not flattened_on_gpu:
             assert b.memory["peak_allocated"] < both
+
+
+def test_deepspeeds_optimizer_step_on_the_fullest_rank():
+    """Parameters of 6, 6 and 4 elements over 2 ranks: partitions of 8; rank 0's overlap 12 elements (the first two
+    parameters whole), rank 1's 10. bf16: the flatten holds those gradients, a flat partition and its fp32 cast."""
+    bf16 = zero.optimizer_step([6, 6, 4], 2, 2, foreach=True, shard="zero2")
+    assert bf16 == zero.StepPeak(gradients=2 * 12, other=2 * 8 + 4 * 8, moment="flatten", rank=0)
+    fp32 = zero.optimizer_step([6, 6, 4], 2, 4, foreach=True, shard="zero2")
+    assert (fp32.gradients, fp32.other, fp32.moment) == (4 * 12, 4 * 8, "flatten")  # `.to(fp32)` copies nothing
+    # the partitions are padded to a multiple of 2 x world: 18 elements over 2 ranks are 20, partitions of 10
+    assert zero.optimizer_step([9, 9], 2, 2, foreach=True, shard="zero2").gradients == 2 * 18
+    # ZeRO-1 starts the step with every gradient whole; over 8 ranks that is more than a partition's copies
+    start = zero.optimizer_step([64] * 8, 8, 2, foreach=True, shard="zero1")
+    assert (start.gradients, start.other, start.moment) == (2 * 512, 0, "start")
+
+
+def test_a_rank_whose_optimizer_step_peaks_says_which_rank_and_what_it_holds():
+    spec = ModelSpec.resolve("tiny-llama")
+    setup = TrainSetup(gpus=8, shard="zero2", precision="bf16", batch_size=1, seq_len=16, gpu="H100")
+    b = estimate(spec, setup)
+    assert b.peak_phase == "optimizer step"
+    trainable = [p.numel for p in inventory(spec, setup.validate(spec), "bf16").params if p.trainable]
+    step = zero.optimizer_step(trainable, 8, 2, foreach=True, shard="zero2")
+    assert b.memory["gradients"] == step.gradients
+    assert b.memory["other"] == step.other + b.terms["cublas_workspace"]
+    assert any(n.startswith(f"ZeRO-1/2 optimizer step: rank {step.rank}, the fullest") for n in b.notes)

@@ -400,8 +400,7 @@ ZERO_INIT = ("ZeRO-1/2: the step holds less than the engine's initialisation, wh
 def _zero(spec: ModelSpec, inv: states.Inventory, setup: TrainSetup, precision: str, ms: dict[str, int],
           notes: list[str], card: GPU, step: Any) -> tuple[dict[str, int], str, dict[str, int]]:
     """A ZeRO-1/2 rank: its states (`_rank_states`) plus, in forward and backward, what the same micro-batches'
-    step holds beyond the states on one GPU (`zero.Excess`); in the optimizer step, the analytic method's
-    states and temporaries."""
+    step holds beyond the states on one GPU (`zero.Excess`); in the optimizer step, DeepSpeed's (`_zero_step`)."""
     found = step if step is not None else simulated_step(spec, setup, precision, card)
     rank = _rank_states(inv, setup, precision, ms)
     terms = {"simulated_excess": found.bytes, "optimizer_step_temporaries": rank.step_temporaries,
@@ -413,21 +412,47 @@ def _zero(spec: ModelSpec, inv: states.Inventory, setup: TrainSetup, precision: 
     held = rank.gradients if setup.grad_accum > 1 else 0  # a window's gradients wait for its last micro-batch
     # DeepSpeed flattens on the GPU only where its free memory holds the flat buffer, else on the host
     flat = rank.flat_copy if rank.weights + rank.flat_copy <= card.capacity else 0
+    step, step_phase, step_note = _zero_step(inv, setup, rank, terms)
     candidates = [
         ({"weights": rank.weights, "gradients": held, "optimizer": rank.optimizer,
           "activations": found.activations, "other": found.bytes - found.activations + rank.buffers},
          "forward/backward"),
-        ({"weights": rank.weights, "gradients": rank.gradients, "optimizer": rank.optimizer,
-          "activations": 0, "other": rank.step_temporaries + terms["cublas_workspace"] + rank.buffers},
-         "optimizer step"),
+        (step, step_phase),
         ({"weights": rank.weights + flat, "gradients": 0, "optimizer": 0, "activations": 0, "other": 0}, INIT_PHASE),
     ]
     memory, phase = max(candidates, key=lambda c: sum(c[0].values()))  # the first of equals: the step's
     if phase == INIT_PHASE:
         terms["deepspeed_init_peak"] = sum(memory.values())
         notes.append(ZERO_INIT)
+    elif phase == step_phase and step_note:
+        notes.append(step_note)
     memory["peak_allocated"] = sum(memory.values())
     return memory, phase, terms
+
+
+def _zero_step(inv: states.Inventory, setup: TrainSetup, rank: sharding.RankStates,
+               terms: dict[str, int]) -> tuple[dict[str, int], str, str | None]:
+    """A ZeRO-1/2 rank's optimizer step and what the answer says of it where it is the peak: DeepSpeed's own
+    (`zero.optimizer_step`) on the GPU; under optimizer offload the GPU keeps the gradient partition and the
+    staging buffer while the CPU steps."""
+    memory = {"weights": rank.weights, "gradients": rank.gradients, "optimizer": rank.optimizer, "activations": 0,
+              "other": rank.step_temporaries + terms["cublas_workspace"] + rank.buffers}
+    if setup.offload == "none":
+        trainable = [p for p in inv.params if p.trainable]
+        step = zero.optimizer_step([p.numel for p in trainable], setup.shard_group,
+                                   int(max((p.bytes_per for p in trainable), default=4)),
+                                   OPTIMIZERS[setup.optimizer].foreach, setup.shard)
+        terms["optimizer_step_temporaries"] = step.other
+        memory.update(gradients=step.gradients, other=step.other + terms["cublas_workspace"] + rank.buffers)
+        return memory, "optimizer step", (f"ZeRO-1/2 optimizer step: rank {step.rank}, the fullest, peaks at its "
+                                          f"{step.moment} ({ZERO_STEP[step.moment]})")
+    return memory, "optimizer step", None
+
+
+ZERO_STEP = {"start": "every gradient whole, before the rank frees those outside its partition",
+             "flatten": "the gradients of its partition's parameters, their flat copy and its fp32 cast at once",
+             "update": "the fp32 gradient partition and the optimizer's temporaries"}
+"""What a ZeRO-1/2 rank holds at each moment of DeepSpeed's optimizer step (`zero.StepPeak.moment`)."""
 
 
 def _analytic(inv: states.Inventory, setup: TrainSetup, precision: str, ms: dict[str, int],

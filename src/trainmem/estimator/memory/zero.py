@@ -7,6 +7,9 @@ optimizer states is what the single-GPU step holds beyond them: the simulated st
 batch gives it, and the rank's states come from DeepSpeed's partitioning (`sharding.rank_states`). The reserved
 bytes stay the analytic ratio: DeepSpeed's own buckets and partitions are not simulated.
 
+The optimizer step is DeepSpeed's (`StepPeak`): it flattens the rank's gradient partition and casts it to fp32
+while the gradients it was flattened from still exist, then steps the wrapped optimizer on the fp32 partition.
+
 A deep model of uniform layers is not simulated whole: its cut models' figures (`compose.CUTS` layers) grow by
 the same bytes a layer, and are extended to the full depth; where they do not, the whole model is simulated.
 """
@@ -14,6 +17,7 @@ the same bytes a layer, and are extended to the full depth; where they do not, t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, Callable
 
 from trainmem.config.setup import TrainSetup
@@ -34,6 +38,54 @@ class Excess:
 
     bytes: int
     activations: int
+
+
+@dataclass(frozen=True)
+class StepPeak:
+    """The most a ZeRO-1/2 rank's optimizer step holds beyond its weights and optimizer states, on the fullest rank:
+    `gradients` (the gradient bytes then alive) and `other` (DeepSpeed's flat and fp32 copies of the partition and
+    the wrapped optimizer's temporaries)."""
+
+    gradients: int
+    other: int
+    moment: str
+    """Which moment of the step: "start" (ZeRO-1: every gradient whole, before the rank frees those outside its
+    partition), "flatten" (the partition flattened and cast to fp32) or "update" (the wrapped optimizer's step on
+    the fp32 partition)."""
+    rank: int
+    """The fullest rank (the first of equals)."""
+
+
+ALIGNMENT = 2
+"""DeepSpeed pads the flat group of trainable parameters to a multiple of `nccl_start_alignment_factor` (2) times
+the world size, so that each rank's partition is the same size (`stage_1_and_2.py`)."""
+
+
+def optimizer_step(sizes: Sequence[int], world: int, grad_bytes: int, foreach: bool, shard: str) -> StepPeak:
+    """DeepSpeed 0.19's ZeRO-1/2 `step()` without offload, for trainable parameters of `sizes` elements (in the
+    order the optimizer holds them) whose gradients take `grad_bytes` bytes an element, over `world` ranks.
+
+    A rank's gradients are those of every parameter that overlaps its partition, whole (the contiguous
+    `grads_in_partition`); ZeRO-1 keeps the others' too until `step()` frees them, first thing. `step()` then
+    flattens the partition's slices of them (`flatten`: one more partition in their dtype) and casts that to fp32
+    (`.to`: a copy unless they are fp32 already) before it frees them; last, the wrapped optimizer steps the fp32
+    partition, foreach AdamW with one temporary as large. The fullest rank is the one whose partition's
+    parameters reach furthest past its bounds (docs/lab/zero-optimizer-step-2026-12-07.md)."""
+    total = -(-sum(sizes) // (ALIGNMENT * world)) * ALIGNMENT * world
+    part = total // world
+    overlapping = [0] * world
+    start = 0
+    for n in sizes:
+        if n:
+            for r in range(start // part, (start + n - 1) // part + 1):
+                overlapping[r] += n
+        start += n
+    fp32, fullest = 4 * part, overlapping.index(max(overlapping))
+    flatten = StepPeak(grad_bytes * overlapping[fullest], grad_bytes * part + (fp32 if grad_bytes != 4 else 0),
+                       "flatten", fullest)
+    update = StepPeak(fp32, fp32 if foreach else 0, "update", fullest)
+    start = StepPeak(grad_bytes * sum(sizes) if shard == "zero1" else 0, 0, "start", fullest)
+    return max(flatten, update, start, key=lambda p: p.gradients + p.other)
 
 
 def simulates(setup: TrainSetup) -> bool:
