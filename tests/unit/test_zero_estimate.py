@@ -20,12 +20,12 @@ LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_s
          "max_position_embeddings": 256, "tie_word_embeddings": False}
 
 
-def _single_excess(spec: ModelSpec, setup: TrainSetup) -> zero.Excess:
+def _single_excess(spec: ModelSpec, setup: TrainSetup, whole_gradients: bool = False) -> zero.Excess:
     single = zero.single_gpu(setup.validate(spec))
     precision = single.resolved_precision(spec, "cuda")
     ledger, _ = simulate_step(model_builder(spec, single, precision, H100), single, precision,
                               workspace=H100.cublas_workspace, flash=H100.flash, sms=H100.sms, splits=True)
-    return zero.excess(ledger)
+    return zero.excess(ledger, whole_gradients)
 
 
 @pytest.mark.parametrize("shard,world", [("zero1", 2), ("zero2", 4)])
@@ -34,15 +34,28 @@ def test_a_zero_rank_is_its_states_plus_one_gpus_forward_and_backward(shard, wor
     setup = TrainSetup(gpus=world, shard=shard, precision="bf16", batch_size=4, seq_len=128, gpu="H100")
     b = estimate(spec, setup)
     one = estimate(spec, TrainSetup(precision="bf16", batch_size=4, seq_len=128, gpu="H100"))
-    found = _single_excess(spec, setup)
+    found = _single_excess(spec, setup, whole_gradients=shard == "zero1")
     trainable = b.model["trainable_parameters"]
     assert b.method == "simulate" and b.peak_phase == "forward/backward"
     assert b.memory["weights"] == one.model_states["weights"]  # stages 1 and 2 keep every parameter whole
     assert b.memory["optimizer"] == 12 * trainable // world  # fp32 master weights and both moments, partitioned
-    assert b.memory["gradients"] == 0  # none yet where the backward starts
-    assert (b.memory["activations"], b.memory["other"]) == (found.activations, found.bytes - found.activations)
+    # ZeRO-1 keeps each gradient whole through the backward, as one GPU does; ZeRO-2 reduces and frees them
+    assert b.memory["gradients"] == found.gradients
+    assert (b.memory["activations"], b.memory["other"]) == (found.activations,
+                                                            found.bytes - found.activations - found.gradients)
     assert b.memory["peak_allocated"] == b.memory["weights"] + b.memory["optimizer"] + found.bytes
     assert any(n.startswith("ZeRO-1/2: the rank's forward and backward simulated") for n in b.notes)
+
+
+def test_a_zero1_rank_holds_its_whole_gradients_at_its_backwards_end():
+    """A short micro-batch peaks where the backward ends: a ZeRO-1 rank then holds its gradients whole (DeepSpeed
+    frees those outside its partition only after it); a ZeRO-2 rank peaks in its optimizer step with its partition's."""
+    spec = ModelSpec.resolve("tiny-llama")
+    kw = dict(gpus=8, precision="bf16", batch_size=1, seq_len=16, checkpointing=True, gpu="H100")
+    one, two = (estimate(spec, TrainSetup(shard=shard, **kw)) for shard in ("zero1", "zero2"))
+    assert one.peak_phase == "forward/backward" and two.peak_phase == "optimizer step"
+    # most of them: the embedding's, the backward's last, is being computed at the peak
+    assert 0 < two.memory["gradients"] < one.memory["gradients"] <= one.model_states["gradients"]
 
 
 def test_accumulation_keeps_the_ranks_gradients_through_the_window():
@@ -145,15 +158,14 @@ def test_where_the_flat_copy_would_not_fit_beside_the_weights_it_is_made_on_the_
 def test_deepspeeds_optimizer_step_on_the_fullest_rank():
     """Parameters of 6, 6 and 4 elements over 2 ranks: partitions of 8; rank 0's overlap 12 elements (the first two
     parameters whole), rank 1's 10. bf16: the flatten holds those gradients, a flat partition and its fp32 cast."""
-    bf16 = zero.optimizer_step([6, 6, 4], 2, 2, foreach=True, shard="zero2")
+    bf16 = zero.optimizer_step([6, 6, 4], 2, 2, foreach=True)
     assert bf16 == zero.StepPeak(gradients=2 * 12, other=2 * 8 + 4 * 8, moment="flatten", rank=0)
-    fp32 = zero.optimizer_step([6, 6, 4], 2, 4, foreach=True, shard="zero2")
+    fp32 = zero.optimizer_step([6, 6, 4], 2, 4, foreach=True)
     assert (fp32.gradients, fp32.other, fp32.moment) == (4 * 12, 4 * 8, "flatten")  # `.to(fp32)` copies nothing
     # the partitions are padded to a multiple of 2 x world: 18 elements over 2 ranks are 20, partitions of 10
-    assert zero.optimizer_step([9, 9], 2, 2, foreach=True, shard="zero2").gradients == 2 * 18
-    # ZeRO-1 starts the step with every gradient whole; over 8 ranks that is more than a partition's copies
-    start = zero.optimizer_step([64] * 8, 8, 2, foreach=True, shard="zero1")
-    assert (start.gradients, start.other, start.moment) == (2 * 512, 0, "start")
+    assert zero.optimizer_step([9, 9], 2, 2, foreach=True).gradients == 2 * 18
+    # the fullest rank: over partitions of 6, rank 1's [6, 12) overlaps both parameters (12 elements), rank 0's one
+    assert zero.optimizer_step([10, 2], 2, 2, foreach=True).rank == 1
 
 
 def test_a_rank_whose_optimizer_step_peaks_says_which_rank_and_what_it_holds():
@@ -162,7 +174,7 @@ def test_a_rank_whose_optimizer_step_peaks_says_which_rank_and_what_it_holds():
     b = estimate(spec, setup)
     assert b.peak_phase == "optimizer step"
     trainable = [p.numel for p in inventory(spec, setup.validate(spec), "bf16").params if p.trainable]
-    step = zero.optimizer_step(trainable, 8, 2, foreach=True, shard="zero2")
+    step = zero.optimizer_step(trainable, 8, 2, foreach=True)
     assert b.memory["gradients"] == step.gradients
     assert b.memory["other"] == step.other + b.terms["cublas_workspace"]
     assert any(n.startswith(f"ZeRO-1/2 optimizer step: rank {step.rank}, the fullest") for n in b.notes)

@@ -385,9 +385,9 @@ def _rank_notes(rank: sharding.RankStates, setup: TrainSetup, terms: dict[str, i
 ZERO_SIMULATED = ("ZeRO-1/2: the rank's forward and backward simulated as one GPU's (a stage-1/2 rank runs them "
                   "unsharded), its states from DeepSpeed's partitioning; reserved is the allocated bytes times "
                   f"{runtime.DEEPSPEED_RESERVED_OVER_ALLOCATED} (DeepSpeed's buckets are not simulated); on ten "
-                  "DeepSpeed ranks measured on one H100 and held out, peak_allocated median error 0.2%, worst -12%, "
-                  "peak_reserved median 13%, worst -29%")
-"""What a ZeRO-1/2 rank's answer says of its figures (docs/lab/zero-held-out-set3-2026-12-07.md)."""
+                  "DeepSpeed ranks measured on one H100 and held out, peak_allocated median error 0.03%, worst -2%, "
+                  "peak_reserved median 10%, worst -20%")
+"""What a ZeRO-1/2 rank's answer says of its figures (docs/lab/zero-optimizer-step-2026-12-07.md)."""
 
 INIT_PHASE = "DeepSpeed engine's initialisation"
 """Where a ZeRO-1/2 rank peaks when its step holds less than the engine's set-up does (optimizer offload, short
@@ -409,13 +409,14 @@ def _zero(spec: ModelSpec, inv: states.Inventory, setup: TrainSetup, precision: 
     notes.append(ZERO_SIMULATED)
     if rank.buffers:
         terms["deepspeed_buffers"] = rank.buffers
-    held = rank.gradients if setup.grad_accum > 1 else 0  # a window's gradients wait for its last micro-batch
+    # a window's ZeRO-2 gradient partition waits for its last micro-batch; ZeRO-1's whole gradients are in `found`
+    held = found.gradients if setup.shard == "zero1" else rank.gradients if setup.grad_accum > 1 else 0
     # DeepSpeed flattens on the GPU only where its free memory holds the flat buffer, else on the host
     flat = rank.flat_copy if rank.weights + rank.flat_copy <= card.capacity else 0
     step, step_phase, step_note = _zero_step(inv, setup, rank, terms)
     candidates = [
         ({"weights": rank.weights, "gradients": held, "optimizer": rank.optimizer,
-          "activations": found.activations, "other": found.bytes - found.activations + rank.buffers},
+          "activations": found.activations, "other": found.bytes - found.activations - found.gradients + rank.buffers},
          "forward/backward"),
         (step, step_phase),
         ({"weights": rank.weights + flat, "gradients": 0, "optimizer": 0, "activations": 0, "other": 0}, INIT_PHASE),
@@ -441,7 +442,7 @@ def _zero_step(inv: states.Inventory, setup: TrainSetup, rank: sharding.RankStat
         trainable = [p for p in inv.params if p.trainable]
         step = zero.optimizer_step([p.numel for p in trainable], setup.shard_group,
                                    int(max((p.bytes_per for p in trainable), default=4)),
-                                   OPTIMIZERS[setup.optimizer].foreach, setup.shard)
+                                   OPTIMIZERS[setup.optimizer].foreach)
         terms["optimizer_step_temporaries"] = step.other
         memory.update(gradients=step.gradients, other=step.other + terms["cublas_workspace"] + rank.buffers)
         return memory, "optimizer step", (f"ZeRO-1/2 optimizer step: rank {step.rank}, the fullest, peaks at its "
@@ -449,8 +450,7 @@ def _zero_step(inv: states.Inventory, setup: TrainSetup, rank: sharding.RankStat
     return memory, "optimizer step", None
 
 
-ZERO_STEP = {"start": "every gradient whole, before the rank frees those outside its partition",
-             "flatten": "the gradients of its partition's parameters, their flat copy and its fp32 cast at once",
+ZERO_STEP = {"flatten": "the gradients of its partition's parameters, their flat copy and its fp32 cast at once",
              "update": "the fp32 gradient partition and the optimizer's temporaries"}
 """What a ZeRO-1/2 rank holds at each moment of DeepSpeed's optimizer step (`zero.StepPeak.moment`)."""
 
@@ -562,7 +562,7 @@ def simulated_step(spec: ModelSpec, setup: TrainSetup, precision: str, card: GPU
             model = spec if k is None else spec.cut(k)
             return simulate_step(model_builder(model, single, precision, card), single, precision,
                                  workspace=card.cublas_workspace, flash=card.flash, sms=card.sms, splits=True)[0]
-        return zero.rank_excess(spec.config, int(spec.text_config().num_hidden_layers), cut)
+        return zero.rank_excess(spec.config, int(spec.text_config().num_hidden_layers), cut, setup.shard == "zero1")
     composed = compose.composed_step(spec.config, _composed_layers(spec, setup),
                                      lambda k: _simulated(spec.cut(k), setup, precision, card, splits=True),
                                      _first_cut(setup), ready)

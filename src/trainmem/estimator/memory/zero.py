@@ -34,10 +34,13 @@ SHARDS = ("zero1", "zero2")
 @dataclass(frozen=True)
 class Excess:
     """The most bytes the steady step's forwards and backwards hold beyond the weights, gradients and optimizer
-    states, and how many of them the forward saved for backward (activations) at that point."""
+    states (ZeRO-1: beyond the weights and optimizer states), and how many of them the forward saved for backward
+    (activations) at that point."""
 
     bytes: int
     activations: int
+    gradients: int = 0
+    """ZeRO-1: the gradients among `bytes` (a stage-1 rank keeps each whole until its backward's end)."""
 
 
 @dataclass(frozen=True)
@@ -49,9 +52,8 @@ class StepPeak:
     gradients: int
     other: int
     moment: str
-    """Which moment of the step: "start" (ZeRO-1: every gradient whole, before the rank frees those outside its
-    partition), "flatten" (the partition flattened and cast to fp32) or "update" (the wrapped optimizer's step on
-    the fp32 partition)."""
+    """Which moment of the step: "flatten" (the partition flattened and cast to fp32) or "update" (the wrapped
+    optimizer's step on the fp32 partition)."""
     rank: int
     """The fullest rank (the first of equals)."""
 
@@ -61,12 +63,12 @@ ALIGNMENT = 2
 the world size, so that each rank's partition is the same size (`stage_1_and_2.py`)."""
 
 
-def optimizer_step(sizes: Sequence[int], world: int, grad_bytes: int, foreach: bool, shard: str) -> StepPeak:
+def optimizer_step(sizes: Sequence[int], world: int, grad_bytes: int, foreach: bool) -> StepPeak:
     """DeepSpeed 0.19's ZeRO-1/2 `step()` without offload, for trainable parameters of `sizes` elements (in the
     order the optimizer holds them) whose gradients take `grad_bytes` bytes an element, over `world` ranks.
 
     A rank's gradients are those of every parameter that overlaps its partition, whole (the contiguous
-    `grads_in_partition`); ZeRO-1 keeps the others' too until `step()` frees them, first thing. `step()` then
+    `grads_in_partition`; a ZeRO-1 rank frees the others' at its backward's end). `step()` first
     flattens the partition's slices of them (`flatten`: one more partition in their dtype) and casts that to fp32
     (`.to`: a copy unless they are fp32 already) before it frees them; last, the wrapped optimizer steps the fp32
     partition, foreach AdamW with one temporary as large. The fullest rank is the one whose partition's
@@ -84,8 +86,7 @@ def optimizer_step(sizes: Sequence[int], world: int, grad_bytes: int, foreach: b
     flatten = StepPeak(grad_bytes * overlapping[fullest], grad_bytes * part + (fp32 if grad_bytes != 4 else 0),
                        "flatten", fullest)
     update = StepPeak(fp32, fp32 if foreach else 0, "update", fullest)
-    start = StepPeak(grad_bytes * sum(sizes) if shard == "zero1" else 0, 0, "start", fullest)
-    return max(flatten, update, start, key=lambda p: p.gradients + p.other)
+    return max(flatten, update, key=lambda p: p.gradients + p.other)
 
 
 def simulates(setup: TrainSetup) -> bool:
@@ -101,10 +102,11 @@ def single_gpu(setup: TrainSetup) -> TrainSetup:
                          engine="loop" if setup.engine == "deepspeed" else setup.engine)
 
 
-def excess(ledger: TensorLedger) -> Excess:
+def excess(ledger: TensorLedger, whole_gradients: bool = False) -> Excess:
     """The steady step's most bytes beyond the states (`Excess`), from a ledger recorded with `splits`: the live
     bytes at each allocation of its forwards and backwards, less the weights, gradients and optimizer states the
-    ledger read there."""
+    ledger read there; with `whole_gradients` (ZeRO-1, whose backward keeps every gradient whole until its end, as
+    one GPU's does) the gradients stay in."""
     start, end = steady_start(ledger), ledger.marks.get(f"step{STEPS}.optimizer")
     if start is None or end is None or ledger.splits is None or ledger.events is None:
         raise ValueError("the simulated step recorded no steady forward and backward")
@@ -121,20 +123,23 @@ def excess(ledger: TensorLedger) -> Excess:
         split = ledger.splits.get(i)
         if i >= start and split is not None:
             weights, gradients, optimizer, activations = split
-            if live - weights - gradients - optimizer > best.bytes:
-                best = Excess(live - weights - gradients - optimizer, activations)
+            kept = gradients if whole_gradients else 0
+            if live - weights - gradients - optimizer + kept > best.bytes:
+                best = Excess(live - weights - gradients - optimizer + kept, activations, kept)
     return best
 
 
-def rank_excess(config: dict[str, Any], layers: int, simulate: Callable[[int | None], TensorLedger]) -> Excess:
+def rank_excess(config: dict[str, Any], layers: int, simulate: Callable[[int | None], TensorLedger],
+                whole_gradients: bool = False) -> Excess:
     """The `Excess` of the model of `layers` decoder layers: from its cut models' simulated steps
     (`simulate(k)`, k layers) where the model's layers are alike and each layer adds the same bytes over
     `compose.CUTS`, else from `simulate(None)`, the whole model's."""
     if compose.composable(config, layers):
-        cuts = at_once(lambda k: excess(simulate(k)), compose.CUTS)
-        grow = [b.bytes - a.bytes for a, b in zip(cuts, cuts[1:])]
-        saved = [b.activations - a.activations for a, b in zip(cuts, cuts[1:])]
-        if grow[0] == grow[1] and saved[0] == saved[1]:
+        cuts = at_once(lambda k: excess(simulate(k), whole_gradients), compose.CUTS)
+        grows = [[getattr(b, f) - getattr(a, f) for a, b in zip(cuts, cuts[1:])]
+                 for f in ("bytes", "activations", "gradients")]
+        if all(g[0] == g[1] for g in grows):
             extra = layers - compose.CUTS[-1]
-            return Excess(cuts[-1].bytes + extra * grow[1], cuts[-1].activations + extra * saved[1])
-    return excess(simulate(None))
+            return Excess(*(getattr(cuts[-1], f) + extra * g[1]
+                            for f, g in zip(("bytes", "activations", "gradients"), grows)))
+    return excess(simulate(None), whole_gradients)
