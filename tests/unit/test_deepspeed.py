@@ -79,3 +79,4 @@ def _buffers():
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(SPEC.hf_config(), dtype=torch.bfloat16)
     return [b for b in model.buffers()]
+

@@ -178,3 +178,12 @@ def test_a_rank_whose_optimizer_step_peaks_says_which_rank_and_what_it_holds():
     assert b.memory["gradients"] == step.gradients
     assert b.memory["other"] == step.other + b.terms["cublas_workspace"]
     assert any(n.startswith(f"ZeRO-1/2 optimizer step: rank {step.rank}, the fullest") for n in b.notes)
+
+
+def test_the_deepspeed_config_enables_its_own_autocast_for_amp_only():
+    """DeepSpeed's engine turns the loop's autocast off inside its forward unless its config enables one."""
+    from trainmem.measure.deepspeed import ds_config
+
+    setup = TrainSetup(gpus=2, shard="zero2")
+    assert ds_config(setup, "amp-bf16", 64)["torch_autocast"] == {"enabled": True, "dtype": "bfloat16"}
+    assert "torch_autocast" not in ds_config(setup, "bf16", 64) and "torch_autocast" not in ds_config(setup, "fp32", 64)

@@ -4,8 +4,8 @@ process, through PyTorch's fake process group (`trainmem.fsdp.fake_group`), as `
 DeepSpeed's engine runs as a user runs it: `deepspeed.initialize(model=..., optimizer=..., config=...)` with
 trainmem's own optimizer (`--optimizer`, which DeepSpeed's ZeRO optimizer wraps: it keeps the fp32 master
 partitions and steps the wrapped optimizer on them), `bf16.enabled` for `--precision bf16` (bf16 weights, fp32
-master weights and moments) and fp32 weights for `fp32` and `amp-bf16` (the loop's autocast around the
-forward); `--offload optimizer|params` is ZeRO-Offload's `offload_optimizer` / `offload_param` to the CPU.
+master weights and moments) and fp32 weights for `fp32` and `amp-bf16` (`torch_autocast` enabled in the config,
+so that the engine's forward runs under bf16 autocast); `--offload optimizer|params` is ZeRO-Offload's `offload_optimizer` / `offload_param` to the CPU.
 Under ZeRO-3 the model is built as transformers builds it for DeepSpeed: inside `deepspeed.zero.Init` (an
 `HfDeepSpeedConfig` is alive while it loads), so that each module's parameters are partitioned as it is made.
 trainmem's loop calls `loss.backward()` on the engine's output, which DeepSpeed supports (its output hooks run
@@ -52,7 +52,12 @@ def ds_config(setup: TrainSetup, precision: str, hidden: int) -> dict[str, Any]:
         zero["offload_optimizer"] = {"device": "cpu"}
     if setup.offload == "params":
         zero["offload_param"] = {"device": "cpu"}
-    return {"train_micro_batch_size_per_gpu": setup.batch_size, "gradient_accumulation_steps": 1,
+    config: dict[str, Any] = {}
+    if precision == "amp-bf16":
+        # DeepSpeed's engine turns an autocast it finds around its forward off unless its own config enables one
+        # (`deepspeed.runtime.torch_autocast.autocast_if_enabled`): the loop's autocast alone would run fp32
+        config["torch_autocast"] = {"enabled": True, "dtype": "bfloat16"}
+    return {**config, "train_micro_batch_size_per_gpu": setup.batch_size, "gradient_accumulation_steps": 1,
             "bf16": {"enabled": precision == "bf16"}, "zero_optimization": zero,
             "zero_allow_untested_optimizer": True, "zero_force_ds_cpu_optimizer": False,
             "steps_per_print": 2**31 - 1}
