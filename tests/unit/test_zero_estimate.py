@@ -166,6 +166,7 @@ def test_deepspeeds_optimizer_step_on_the_fullest_rank():
     assert zero.optimizer_step([9, 9], 2, 2, foreach=True).gradients == 2 * 18
     # the fullest rank: over partitions of 6, rank 1's [6, 12) overlaps both parameters (12 elements), rank 0's one
     assert zero.optimizer_step([10, 2], 2, 2, foreach=True).rank == 1
+    assert zero.optimizer_step([], 4, 2, foreach=True) == zero.StepPeak(0, 0, "flatten", 0)
 
 
 def test_a_rank_whose_optimizer_step_peaks_says_which_rank_and_what_it_holds():

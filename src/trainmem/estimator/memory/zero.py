@@ -68,13 +68,15 @@ def optimizer_step(sizes: Sequence[int], world: int, grad_bytes: int, foreach: b
     order the optimizer holds them) whose gradients take `grad_bytes` bytes an element, over `world` ranks.
 
     A rank's gradients are those of every parameter that overlaps its partition, whole (the contiguous
-    `grads_in_partition`; a ZeRO-1 rank frees the others' at its backward's end). `step()` first
-    flattens the partition's slices of them (`flatten`: one more partition in their dtype) and casts that to fp32
-    (`.to`: a copy unless they are fp32 already) before it frees them; last, the wrapped optimizer steps the fp32
-    partition, foreach AdamW with one temporary as large. The fullest rank is the one whose partition's
+    `grads_in_partition`; a ZeRO-1 rank has freed the others' by then). `step()` first flattens the partition's
+    slices of them (`flatten`: one more partition in their dtype) and casts that to fp32 (`.to`: a copy unless they
+    are fp32 already) before it frees them; last, the wrapped optimizer steps the fp32 partition, foreach AdamW
+    with one temporary as large. The fullest rank is the one whose partition's
     parameters reach furthest past its bounds (docs/lab/zero-optimizer-step-2026-12-07.md)."""
     total = -(-sum(sizes) // (ALIGNMENT * world)) * ALIGNMENT * world
     part = total // world
+    if not part:  # nothing trainable: no gradients to flatten
+        return StepPeak(0, 0, "flatten", 0)
     overlapping = [0] * world
     start = 0
     for n in sizes:
