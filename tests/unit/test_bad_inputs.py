@@ -398,8 +398,8 @@ REFUSED = [
      "--method analytic: does not model --engine sft (TRL's fused LM head is priced by simulating the step); use "
      "--method simulate or auto"),
     ("estimate-rank", ["estimate", *TINY, "--rank", "1", "--gpus", "2", "--shard", "fsdp", *FAST],
-     "--rank: trainmem estimate does not use it (it predicts rank 0 of --gpus N --shard fsdp; --rank picks the rank "
-     "trainmem run measures); drop it"),
+     "--rank: trainmem estimate does not use it (it predicts rank 0 of --shard fsdp and the fullest rank of --shard "
+     "zero1|zero2; --rank picks the rank trainmem run measures); drop it"),
     ("estimate-steps", ["estimate", *TINY, "--steps", "10", *FAST], "--steps: trainmem estimate does not use it"),
     ("estimate-num-samples", ["estimate", *TINY, "--num-samples", "8", *FAST],
      "--num-samples: trainmem estimate does not use it"),

@@ -87,7 +87,8 @@ _ONE_MACHINE = "it runs every rank on this machine; --nodes prices a run across 
 NOT_USED: dict[str, dict[str, str]] = {
     "run": {"nodes": _ONE_MACHINE, "gpus_per_node": _ONE_MACHINE, "network": _ONE_MACHINE},
     "estimate": {
-        "rank": "it predicts rank 0 of --gpus N --shard fsdp; --rank picks the rank trainmem run measures",
+        "rank": ("it predicts rank 0 of --shard fsdp and the fullest rank of --shard zero1|zero2; --rank picks the "
+                 "rank trainmem run measures"),
         "steps": "it models the steady step, whatever the run's length",
         "seed": "random weights and data take the same memory whatever their seed",
         "labels": "the labels' values take no memory of their own",
