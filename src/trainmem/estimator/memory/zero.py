@@ -16,8 +16,8 @@ the same bytes a layer, and are extended to the full depth; where they do not, t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from trainmem.config.setup import TrainSetup
@@ -71,8 +71,8 @@ def optimizer_step(sizes: Sequence[int], world: int, grad_bytes: int, foreach: b
     `grads_in_partition`; a ZeRO-1 rank has freed the others' by then). `step()` first flattens the partition's
     slices of them (`flatten`: one more partition in their dtype) and casts that to fp32 (`.to`: a copy unless they
     are fp32 already) before it frees them; last, the wrapped optimizer steps the fp32 partition, foreach AdamW
-    with one temporary as large. The fullest rank is the one whose partition's
-    parameters reach furthest past its bounds (docs/lab/zero-optimizer-step-2026-12-07.md)."""
+    with one temporary as large. The fullest rank is the one whose partition's parameters reach furthest past its
+    bounds (docs/lab/zero-optimizer-step-2026-12-07.md)."""
     total = -(-sum(sizes) // (ALIGNMENT * world)) * ALIGNMENT * world
     part = total // world
     if not part:  # nothing trainable: no gradients to flatten
