@@ -113,6 +113,8 @@ def estimate(spec: ModelSpec | str, setup: TrainSetup | None = None, method: str
     overhead = runtime_card.overhead(setup.attention, precision, setup.peft)
     memory["device_used"] = memory["peak_reserved"] + overhead + (model_states["optimizer"] if paged else 0)
     model_states = _per_gpu(inv, setup, precision, model_states)
+    if setup.shard.startswith("zero"):  # DeepSpeed's step sets every gradient to None (stage_1_and_2.py, stage3.py)
+        model_states["gradients"] = 0
     terms.update(_weight_terms(inv, setup, model_states, notes))
     time = _time(spec, inv, setup, precision, runtime_card, notes)
     installed = runtime.versions()

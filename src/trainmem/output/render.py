@@ -154,7 +154,8 @@ def result_tables(r: Result, phases: bool = False, verbose: bool = False) -> lis
     s = r.setup
     title = (f"{r.model.get('name')}  batch {s['batch_size']} x accum {s['grad_accum']} "
              f"(effective {r.effective_batch}), seq {s['seq_len']}, {s['peft']}, {s['precision']}, "
-             f"{s['optimizer']}{', checkpointing' if s['checkpointing'] else ''}  on {r.env.get('gpu') or s['device']}")
+             f"{s['optimizer']}{', checkpointing' if s['checkpointing'] else ''}  "
+             f"on {r.env.get('gpu') or (r.kind == 'estimate' and s.get('gpu')) or s['device']}")
     out: list[Any] = [headline(r)]
     priced = [n for n in r.notes if n.startswith("priced: ")]  # which Mamba path, and the other's figure
     out += [Text(n) for n in priced]
@@ -163,7 +164,9 @@ def result_tables(r: Result, phases: bool = False, verbose: bool = False) -> lis
         out.append(Text(checked_advice(checked, r.verdict["gpu"])))
     out.append(f"[bold]{escape(title)}[/bold]")
     if r.kind == "estimate":
-        out.append(f"estimate ({r.method} method) for one CUDA GPU; the peak is in the {r.peak_phase}")
+        gpus = s.get("gpus", 1)
+        where = f"one GPU of {gpus} ({s.get('shard')})" if gpus > 1 else "one CUDA GPU"
+        out.append(f"estimate ({r.method} method) for {where}; the peak is in the {r.peak_phase}")
     else:
         status = {"ok": "[green]ok[/green]", "oom": "[red]out of memory[/red]", "error": "[red]error[/red]"}[r.status]
         cap = f"  (memory capped to {escape(s['gpu'])})" if s.get("gpu") else ""
