@@ -281,6 +281,9 @@ class TensorLedger(TorchDispatchMode):
         """With `record()`: the index in `events` at which each phase first began (the replay repeats the
         last simulated step from there)."""
         self._keys = 0
+        self.holds: list[int] = []
+        """The event keys of `hold`'s allocations (the cuBLAS workspaces), which another card's step resizes
+        (`estimator.memory.workspace`)."""
         self.gradients: Callable[[], int] | None = None
         """The bytes of the gradients alone, where cheaper than `state` (read at each peak in backward)."""
         self.splits: dict[int, tuple[int, int, int, int]] | None = None
@@ -308,7 +311,7 @@ class TensorLedger(TorchDispatchMode):
     def hold(self, n: int, tag: str = "other") -> None:
         """Count an allocation no operator shows that stays for the rest of the run (the simulate
         method's cuBLAS workspaces, which a CUDA kernel allocates on its first call)."""
-        self._new_key(n)
+        self.holds.append(self._new_key(n))
         self._add(tag, n)
 
     def empty_cache(self) -> None:

@@ -10,12 +10,14 @@
 `trainmem.estimate(spec, setup.replace(gpu=card))` models the card's runtime, and cards differ in the
 simulated step only through it: the cuBLAS workspace per handle (`GPU.cublas_workspace`), whether flash SDPA
 runs (`GPU.flash`) and, under QLoRA, transformers' warm-up allocation, which is capped at the card's capacity
-(`quantized.warmup_bytes`). Cards alike in those form a runtime group (the T4 and V100s; the other pre-Hopper
-cards; the H100 and H200), and one simulated step serves the group. What is each card's own is cheap: the
-allocator replay of that step under the card's cap (`TrainSetup.cap_bytes`, 10-50 ms), the analytic terms
-(milliseconds) and the step time (counted once per shape). Each card's Breakdown is `estimate`'s own, given the
-group's step (`estimate(..., step=...)`); `tests/unit/test_estimate_cards.py` checks it equals
-`estimate(spec, setup.replace(gpu=card))` for the chapter's setups on every card.
+(`quantized.warmup_bytes`). Cards alike in all but the workspace form a runtime group (the T4 and V100s, without
+the flash kernel; every other card), and one simulated step serves the group: the workspace is two allocations of
+the step, resized for each card (`workspace.with_workspace`, exact; where the resize would move the peak to
+another event, that card's step is simulated). What is each card's own is cheap: the allocator replay of that
+step under the card's cap (`TrainSetup.cap_bytes`, 10-50 ms), the analytic terms (milliseconds) and the step time
+(counted once per shape). Each card's Breakdown is `estimate`'s own, given the group's step
+(`estimate(..., step=...)`); `tests/unit/test_cards.py` checks it equals `estimate(spec, setup.replace(gpu=card))`
+for the chapter's setups on every card.
 
 `largest_batches` is `trainmem max-batch`'s search on the analytic estimate for every card, each batch
 estimated once per runtime group (the analytic reserved bytes depend on the card only through its runtime;
@@ -36,6 +38,7 @@ from trainmem.errors import SetupError
 from trainmem.estimator import METHODS, estimate, reads_sms, simulated_only, simulated_step
 from trainmem.estimator.breakdown import Breakdown
 from trainmem.estimator.memory import analytic, quantized, sharded, states
+from trainmem.estimator.memory.workspace import with_workspace
 from trainmem.hardware.gpus import CATALOG, GPU, find_gpu, gpu_problem
 
 from .maxbatch import largest
@@ -80,13 +83,14 @@ def runtime_key(card: GPU, setup: TrainSetup | None = None) -> tuple[int, ...]:
 
 
 def groups(spec: ModelSpec, setup: TrainSetup, cards: Iterable[str | GPU] | None = None) -> list[list[GPU]]:
-    """The cards in runtime groups whose simulated step is the same, in catalog order: by `runtime_key`, and
-    under QLoRA by the warm-up allocation the card caps; one group for FSDP2, which simulates no card."""
+    """The cards in runtime groups that one simulated step serves, in catalog order: by `runtime_key` but for the
+    cuBLAS workspace (`workspace.with_workspace` resizes it in the step), and under QLoRA by the warm-up
+    allocation the card caps; one group for FSDP2, which simulates no card."""
     cards = cards_of(cards)
     setup = setup.resolved(spec)
     if setup.shard == "fsdp":
         return [cards] if cards else []
-    warmup = None
+    warmup, sms = None, reads_sms(setup)
     if setup.peft == "qlora":
         precision = setup.resolved_precision(spec, "cuda")
         base = states.meta_model(spec, setup.replace(peft="none"), precision)
@@ -94,7 +98,7 @@ def groups(spec: ModelSpec, setup: TrainSetup, cards: Iterable[str | GPU] | None
     by: dict[tuple[Any, ...], list[GPU]] = {}
     for card in cards:
         capped = None if warmup is None else min(warmup, card.capacity - quantized.WARMUP_HEADROOM)
-        by.setdefault((*runtime_key(card, setup), capped), []).append(card)
+        by.setdefault((card.flash, card.sms if sms else None, capped), []).append(card)
     return list(by.values())
 
 
@@ -118,10 +122,16 @@ def estimate_cards(spec: ModelSpec | str, setup: TrainSetup, cards: Iterable[str
     if not composed:
         return out
     for group in groups(spec, setup, [c for c in cards if isinstance(out[c.name], Breakdown)]):
-        first = setup.replace(gpu=group[0].name).validate(spec)
-        step = simulated_step(spec, first, first.resolved_precision(spec, "cuda"), group[0])
+        steps: dict[int, Any] = {}  # by the card's cuBLAS workspace: the group's first step, resized
         for card in group:
-            out[card.name] = estimate(spec, setup.replace(gpu=card.name), method, step=step)
+            ws = 0 if setup.shard == "fsdp" else card.cublas_workspace  # an FSDP2 rank simulates no card's
+            if ws not in steps:
+                step = with_workspace(steps[next(iter(steps))], ws) if steps else None
+                if step is None:  # the group's first card, or a peak the resize moves: simulated on this card
+                    this = setup.replace(gpu=card.name).validate(spec)
+                    step = simulated_step(spec, this, this.resolved_precision(spec, "cuda"), card)
+                steps[ws] = step
+            out[card.name] = estimate(spec, setup.replace(gpu=card.name), method, step=steps[ws])
     return out
 
 

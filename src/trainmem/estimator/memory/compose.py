@@ -77,17 +77,20 @@ class Trace:
     marks: dict[str, int]
 
     @classmethod
-    def of(cls, events: Iterable[tuple[Any, int]], marks: dict[str, int]) -> Trace:
+    def of(cls, events: Iterable[tuple[Any, int]], marks: dict[str, int], holds: Iterable[Any] = ()) -> Trace:
+        """`holds`: the keys of the ledger's held allocations (`TensorLedger.holds`), whose signature says so
+        (`("A", n, "H")`), so that the composed step knows its own (`ComposedStep.holds`)."""
         sig: list[tuple] = []
         ref: list[int] = []
         where: dict[Any, int] = {}
+        held = set(holds)
         for key, n in events:
             if isinstance(key, str):
                 sig.append(("S", key, n))
                 ref.append(-1)
             elif n >= 0:
                 where[key] = len(sig)
-                sig.append(("A", n))
+                sig.append(("A", n, "H") if key in held else ("A", n))
                 ref.append(-1)
             else:
                 at = where.pop(key)
@@ -420,10 +423,12 @@ class Recorded:
     marks: dict[str, int]
     splits: dict[int, tuple[int, int, int, int]] | None
     balanced_routing: bool
+    holds: list[Any] = dataclasses.field(default_factory=list)
 
     @classmethod
     def of(cls, ledger: Any) -> Recorded:
-        return cls(ledger.events, dict(ledger.marks), ledger.splits, bool(getattr(ledger, "balanced_routing", False)))
+        return cls(ledger.events, dict(ledger.marks), ledger.splits, bool(getattr(ledger, "balanced_routing", False)),
+                   list(getattr(ledger, "holds", ())))
 
 
 @dataclasses.dataclass
@@ -436,6 +441,8 @@ class ComposedStep:
     peak_split: dict[str, int]
     peak_phase: str
     balanced_routing: bool
+    holds: tuple[Any, ...] = ()
+    """The keys in `events` of the held allocations (`TensorLedger.holds`: the cuBLAS workspaces)."""
 
 
 MIN_LAYERS = 24
@@ -472,7 +479,7 @@ def composed_step(config: dict[str, Any], layers: int, simulate: Callable[[int],
             ledgers[k] = ledger
         for k in first_depths(small):
             if k not in traces:
-                traces[k] = Trace.of(ledgers[k].events or [], ledgers[k].marks)
+                traces[k] = Trace.of(ledgers[k].events or [], ledgers[k].marks, getattr(ledgers[k], "holds", ()))
         big, check = small + 1, small + 2
         try:
             seen = compose(traces[small], traces[big], check, big)
@@ -507,7 +514,8 @@ def _whole(small: Trace, big: Trace, big_layers: int, ledgers: list[Any], layers
              "other": max(peak - weights - gradients - optimizer - activations, 0)}
     phase = max(((i, name) for name, i in whole.marks.items() if i <= at), default=(0, "build"))[1]
     return ComposedStep(whole.events(), whole.marks, peak, split, phase,
-                        any(getattr(ledger, "balanced_routing", False) for ledger in ledgers))
+                        any(getattr(ledger, "balanced_routing", False) for ledger in ledgers),
+                        tuple(i + 1 for i, s in enumerate(whole.sig) if len(s) == 3 and s[0] == "A"))
 
 
 def _places(runs: list[_Run], big_layers: int, layers: int, at: int) -> list[Callable[[int], int]]:
