@@ -234,9 +234,10 @@ class ModelSpec:
         """The output head's module name (`lm_head`, `embed_out`): what `all-linear` leaves out."""
         return self._meta[3]
 
-    @property
+    @cached_property
     def model_class(self) -> type | None:
-        """The transformers class `AutoModelForCausalLM` builds for this config (None if it knows none)."""
+        """The transformers class `AutoModelForCausalLM` builds for this config (None if it knows none); read
+        once per spec (it builds a config, milliseconds that the every-card table paid several times a card)."""
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
         try:
@@ -275,7 +276,7 @@ class ModelSpec:
         kind = f" {layer_type}" if layer_type else ""
         return dataclasses.replace(self, name=f"{self.name} [{layers}{kind} layers]", config=config)
 
-    @property
+    @cached_property
     def max_positions(self) -> int | None:
         """The longest sequence the config allows, None where it names none (XLNet's -1: no limit)."""
         cfg = self.text_config()

@@ -37,11 +37,14 @@ KEEP = 512
 def _start(pids: Any) -> None:
     """Worker initializer: say which process this is (so that a job past its deadline can be killed), yield the
     CPU to the server's own process (the live answers come first: background work runs at a lower priority),
-    and import the estimator once, so that the first job does not pay for torch's import."""
+    and import the estimator and what every model class and adapter needs once, so that the first job does not
+    pay for them (transformers' `modeling_utils` alone takes about 3 s on two cores)."""
     pids.put(os.getpid())
     if hasattr(os, "nice"):
         os.nice(5)
+    import peft  # noqa: F401
     import torch
+    import transformers.modeling_utils  # noqa: F401
 
     import trainmem.estimator  # noqa: F401
 

@@ -10,6 +10,7 @@ keeps four i-wide tensors, GPT-NeoX keeps its fused QKV buffer alive through the
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,13 +53,24 @@ class Traits:
     def of(cls, model: Any) -> Traits:
         """The traits of `model`'s first decoder layer; a ValueError where its config or modules lack what the
         formulas need (no attention heads: RWKV, xLSTM; a size that varies per layer: Gemma-4's head_dim, which
-        transformers refuses to read globally with a RuntimeError), which makes `estimate` simulate instead."""
+        transformers refuses to read globally with a RuntimeError), which makes `estimate` simulate instead.
+        Read once per model (`_KNOWN`): the every-card table estimates one inspected model once per card, and
+        walking an 8B's modules costs tens of milliseconds each time."""
+        known = _KNOWN.get(model)
+        if known is None:
+            known = _KNOWN[model] = cls._read(model)
+        if isinstance(known, ValueError):
+            raise ValueError(*known.args)
+        return known
+
+    @classmethod
+    def _read(cls, model: Any) -> Traits | ValueError:
         if any(type(m).__name__ == "ParamWrapper" for m in model.modules()):
-            raise ValueError("LoRA on fused expert weights (peft's ParamWrapper) has no closed form here")
+            return ValueError("LoRA on fused expert weights (peft's ParamWrapper) has no closed form here")
         try:
             return cls._of(model)
         except (AttributeError, TypeError, RuntimeError) as e:
-            raise ValueError(f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
+            return ValueError(f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
 
     @classmethod
     def _of(cls, model: Any) -> Traits:
@@ -89,6 +101,10 @@ class Traits:
             or any("rotary" in n for n, _ in base.named_modules()),
             parallel_residual=bool(getattr(cfg, "use_parallel_residual", False)),
             dropout=dropout, **_moe(base, cfg, h))
+
+
+_KNOWN: weakref.WeakKeyDictionary[Any, Traits | ValueError] = weakref.WeakKeyDictionary()
+"""`Traits.of` by model: what each inspected model's traits are, or why it has none."""
 
 
 def _moe(base: Any, cfg: Any, hidden: int) -> dict[str, int]:

@@ -7,6 +7,8 @@ docs/lab/data/validation-h200-2026-12-02.jsonl and docs/lab/data/chapter-h200-20
 
 from __future__ import annotations
 
+import functools
+
 MiB = 1024**2
 
 RESERVED_OVER_ALLOCATED = 1.096
@@ -33,10 +35,16 @@ model code and the allocator."""
 
 
 def versions() -> dict[str, str]:
-    """The installed torch and transformers, as the estimate ran them."""
+    """The installed torch and transformers, as the estimate ran them (read once a process: each read parses
+    the packages' metadata, a few milliseconds, which the every-card table paid once per card)."""
+    return dict(_installed())
+
+
+@functools.lru_cache(maxsize=1)
+def _installed() -> tuple[tuple[str, str], ...]:
     from importlib.metadata import version
 
-    return {p: version(p) for p in VALIDATED_ON}
+    return tuple((p, version(p)) for p in VALIDATED_ON)
 
 
 def version_note(installed: dict[str, str]) -> str | None:

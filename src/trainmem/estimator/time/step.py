@@ -36,6 +36,7 @@ cross-validation: docs/time-model.md); every other card's time is derived from i
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,7 +175,18 @@ class StepTime:
 
 def _structure(model: Any) -> tuple[Any, set[str], str | None]:
     """The base model, the names of embedding parameters (lookups, not matmuls) and the name of the output
-    head's weight when it is a parameter of its own (None when tied)."""
+    head's weight when it is a parameter of its own (None when tied); read once per inspected model
+    (`_STRUCTURES`), which the every-card table counts once per card."""
+    known = _STRUCTURES.get(model)
+    if known is None:
+        known = _STRUCTURES[model] = _read_structure(model)
+    return known
+
+
+_STRUCTURES: weakref.WeakKeyDictionary[Any, tuple[Any, set[str], str | None]] = weakref.WeakKeyDictionary()
+
+
+def _read_structure(model: Any) -> tuple[Any, set[str], str | None]:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     names = {id(p): n for n, p in model.named_parameters()}
     embeddings = {names[id(p)] for m in model.modules() if isinstance(m, torch.nn.Embedding)
