@@ -671,10 +671,14 @@ def _replay(events: list[tuple[int, int]], steady: int | None, cap: int | None, 
     A step that runs out under the cap needs more than the card has; how much more is the smallest cap under
     which the same replay runs (`_need`): what a card needs to hold this step, continuous with the reserved
     bytes of setups that fit."""
-    a = allocator.CachingAllocator(cap=cap)
+    free, settled = _uncapped(events, steady)
     try:
-        settled = allocator.replay_steps(events, steady, a)
-        replayed = _Replayed(a.peak_reserved, a.peak_allocated)
+        if cap is None or cap >= free.reserved:  # a cap its reserved bytes never reach changes nothing
+            replayed = free
+        else:
+            a = allocator.CachingAllocator(cap=cap)
+            settled = allocator.replay_steps(events, steady, a)
+            replayed = _Replayed(a.peak_reserved, a.peak_allocated)
     except allocator.AllocatorOOM as e:
         fitted, settled = _need(events, steady, e.cap)
         notes.append(f"does not fit the {e.cap / 2**30:.2f} GiB the allocator may hold: a {e.requested / 2**20:.0f} MiB "
@@ -686,6 +690,25 @@ def _replay(events: list[tuple[int, int]], steady: int | None, cap: int | None, 
         notes.append(f"the allocator replay did not settle in {allocator.SETTLE_STEPS} more steps: later steps "
                      "may reserve more than estimated")
     return replayed
+
+
+_UNCAPPED: dict[int, tuple[list, int | None, _Replayed, bool]] = {}
+"""The uncapped replay of a step's events (by the list's id, the list kept so the id stays its own)."""
+
+
+def _uncapped(events: list[tuple[int, int]], steady: int | None) -> tuple[_Replayed, bool]:
+    """The step's replay with no cap, and whether it settled, once per step: every card of a runtime group
+    replays one simulated step, and under a cap at or above that replay's reserved peak the capped allocator
+    never reaches its cap (it frees its cache only for a segment that would cross it), so it replays the same."""
+    kept = _UNCAPPED.get(id(events))
+    if kept is None or kept[0] is not events or kept[1] != steady:
+        top = allocator.CachingAllocator()
+        settled = allocator.replay_steps(events, steady, top)
+        kept = (events, steady, _Replayed(top.peak_reserved, top.peak_allocated), settled)
+        _UNCAPPED[id(events)] = kept
+        while len(_UNCAPPED) > _NEEDS_KEPT:
+            del _UNCAPPED[next(iter(_UNCAPPED))]
+    return kept[2], kept[3]
 
 
 NEED_RESOLUTION = 2 * 2**20
@@ -719,9 +742,8 @@ def _smallest_cap(events: list[tuple[int, int]], steady: int | None, failed: int
     bisection to `NEED_RESOLUTION`, and whether that replay settled. Without a cap the allocator never frees
     its cache, so the uncapped peak bounds the search from above (a cap that high is never reached); under a
     tighter cap a full allocator releases its free segments and retries, as a card of that size would."""
-    top = allocator.CachingAllocator()
-    settled = allocator.replay_steps(events, steady, top)
-    best, lo, hi = top, failed, max(top.peak_reserved, failed + NEED_RESOLUTION)
+    best, settled = _uncapped(events, steady)
+    lo, hi = failed, max(best.reserved, failed + NEED_RESOLUTION)
     while hi - lo > NEED_RESOLUTION:
         mid = (lo + hi) // 2
         a = allocator.CachingAllocator(cap=mid)
@@ -730,8 +752,8 @@ def _smallest_cap(events: list[tuple[int, int]], steady: int | None, failed: int
         except allocator.AllocatorOOM:
             lo = mid
             continue
-        best, settled, hi = a, ok, mid
-    return _Replayed(best.peak_reserved, best.peak_allocated), settled
+        best, settled, hi = _Replayed(a.peak_reserved, a.peak_allocated), ok, mid
+    return best, settled
 
 
 __all__ = ["estimate", "simulated_only", "reads_sms", "states_floor", "simulated_step", "cut_steps", "Breakdown", "EstimateError",
