@@ -16,8 +16,8 @@ the step, resized for each card (`workspace.with_workspace`, exact; where the re
 another event, that card's step is simulated). What is each card's own is cheap: the allocator replay of that
 step under the card's cap (`TrainSetup.cap_bytes`, 10-50 ms), the analytic terms (milliseconds) and the step time
 (counted once per shape). Each card's Breakdown is `estimate`'s own, given the group's step
-(`estimate(..., step=...)`); `tests/slow/test_estimate_cards.py` checks it equals `estimate(spec, setup.replace(gpu=card))`
-for the chapter's setups on every card.
+(`estimate(..., step=...)`); `tests/slow/test_estimate_cards.py` checks it equals
+`estimate(spec, setup.replace(gpu=card))` for the chapter's setups on every card.
 
 `largest_batches` is `trainmem max-batch`'s search on the analytic estimate for every card, each batch
 estimated once per runtime group (the analytic reserved bytes depend on the card only through its runtime;
