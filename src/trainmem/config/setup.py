@@ -690,9 +690,8 @@ def _expert_conversion_problems(spec: Any, setup: TrainSetup) -> list[str]:
     transformers-4 names of an expert's projections (`gate_proj`, `up_proj`, `down_proj`, Mixtral's `w1`..`w3`,
     the router's `gate`; every one under `all-linear`) into `target_parameters` on the model types whose
     experts transformers 5 fuses, and adapts those (peft's `ParamWrapper`) without dropout, and not one half of a
-    fused pair. Asked of peft's own conversion (`convert_peft_config_for_transformers`), on the names alone."""
-    from types import SimpleNamespace
-
+    fused pair. Asked of peft's own conversion (`convert_peft_config_for_transformers`), on the model's meta copy
+    (peft 0.22 reads its modules: a name that matches real Linear layers stays a module target)."""
     try:
         from peft import LoraConfig
         from peft.utils.transformers_weight_conversion import (
@@ -710,8 +709,10 @@ def _expert_conversion_problems(spec: Any, setup: TrainSetup) -> list[str]:
         names = sorted({n.rsplit(".", 1)[-1] for n in _linears(spec)} | set(old))
     config = LoraConfig(r=1, target_modules=names)
     flag = f"--lora-targets {','.join(setup.lora_targets)}"
+    if not old:  # no expert of this model type is converted
+        return []
     try:
-        convert(config, SimpleNamespace(config=SimpleNamespace(model_type=spec.built_model_type)), None)
+        convert(config, _meta_copy(spec), None)
     except ValueError as e:  # one half of a fused pair named
         return [f"{flag}: {e} (peft converts them on {spec.built_model_type} models); name both"]
     experts = sorted(config.target_parameters or ())
@@ -724,6 +725,22 @@ def _expert_conversion_problems(spec: Any, setup: TrainSetup) -> list[str]:
     if str(setup.precision).startswith("amp"):
         return [f"{what}, not modelled under autocast (--precision {setup.precision}); use --precision bf16 or fp16"]
     return []
+
+
+_META_COPIES: dict[str, Any] = {}
+"""`_meta_copy` by config: validation runs once per card of the every-card table."""
+
+
+def _meta_copy(spec: Any) -> Any:
+    """The spec's model on the meta device, built once per config (the last few kept)."""
+    import json
+
+    key = json.dumps(spec.config, sort_keys=True, default=str)
+    if key not in _META_COPIES:
+        _META_COPIES[key] = spec.meta_model()
+        while len(_META_COPIES) > 4:
+            del _META_COPIES[next(iter(_META_COPIES))]
+    return _META_COPIES[key]
 
 
 def _rank_bound_problems(spec: Any, r: int, targets: list[str] | None) -> list[str]:

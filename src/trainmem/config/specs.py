@@ -164,17 +164,23 @@ class ModelSpec:
         fields.update(overrides)
         return CONFIG_MAPPING[self.model_type](**fields)
 
-    @cached_property
-    def _meta(self) -> tuple[int, dict[str, str], dict[str, tuple[int, ...]], str | None, tuple[str, ...], str]:
-        """One meta-device model (no memory, no init), read for its parameter count, its modules, their
-        weights' shapes, the name of its output embedding, its fused expert weights and its model type."""
+    def meta_model(self) -> Any:
+        """A new model of this config on the meta device (no memory, no init), built outside any dispatch mode:
+        read from inside a simulation (a cut model's), its tensors are not the step's."""
         import torch
         from torch.utils._python_dispatch import _disable_current_modes
         from transformers import AutoModelForCausalLM
 
-        # outside any dispatch mode: read from inside a simulation (a cut model's), its tensors are not the step's
         with _disable_current_modes(), torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(self.hf_config())
+            return AutoModelForCausalLM.from_config(self.hf_config())
+
+    @cached_property
+    def _meta(self) -> tuple[int, dict[str, str], dict[str, tuple[int, ...]], str | None, tuple[str, ...], str]:
+        """One meta-device model, read for its parameter count, its modules, their weights' shapes, the name of its
+        output embedding, its fused expert weights and its model type."""
+        import torch
+
+        model = self.meta_model()
         head = model.get_output_embeddings()
         modules = dict(model.named_modules())
         shapes = {n: tuple(m.weight.shape) for n, m in modules.items()
