@@ -212,11 +212,17 @@ def replay(events: Iterable[tuple[object, int]], cap: int | None = None,
 def live_peak(events: Iterable[tuple[object, int]]) -> int:
     """The most bytes `replay`'s events hold at once, as requested: any allocator's blocks hold at least that much,
     so no cap below it runs them."""
+    return live_peak_at(events)[0]
+
+
+def live_peak_at(events: Iterable[tuple[object, int]]) -> tuple[int, int]:
+    """`live_peak`, and the index of the allocation that first reached it (as a ledger finds its peak: a new
+    peak only above the last)."""
     from trainmem.measure.ledger import EMPTY_CACHE, STREAM
 
     sizes: dict[object, int] = {}
-    live = peak = 0
-    for key, n in events:
+    live = peak = at = 0
+    for i, (key, n) in enumerate(events):
         if key == EMPTY_CACHE or key == STREAM:
             continue
         if n < 0:
@@ -224,8 +230,9 @@ def live_peak(events: Iterable[tuple[object, int]]) -> int:
         else:
             sizes[key] = n
             live += n
-            peak = max(peak, live)
-    return peak
+            if live > peak:
+                peak, at = live, i
+    return peak, at
 
 
 SETTLE_STEPS = 16

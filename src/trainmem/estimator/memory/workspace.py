@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .allocator import live_peak_at
 from .compose import ComposedStep
 
 
@@ -29,11 +30,11 @@ def with_workspace(step: Any, workspace: int) -> Any:
     if len(sizes) != 1:
         return None
     delta = workspace - sizes.pop()
-    peak, at = _peak(events)
+    peak, at = live_peak_at(events)
     if peak != step.peak:  # the ledger counted bytes its events do not show
         return None
     resized = [(key, workspace) if key in holds and n >= 0 else (key, n) for key, n in events]
-    new_peak, new_at = _peak(resized)
+    new_peak, new_at = live_peak_at(resized)
     before = sum(1 for key, n in events[:at + 1] if key in holds and n >= 0)
     split = dict(step.peak_split)
     if new_at != at or split.get("other", 0) < max(-delta * before, 1):
@@ -47,20 +48,3 @@ def _composed(step: Any, events: list[tuple[Any, int]], peak: int, split: dict[s
     return ComposedStep(events, dict(step.marks), peak, split, step.peak_phase,
                         bool(getattr(step, "balanced_routing", False)), tuple(step.holds))
 
-
-def _peak(events: list[tuple[Any, int]]) -> tuple[int, int]:
-    """The most live bytes of the events and the index of the allocation that first reached them, as the ledger
-    finds its peak (`TensorLedger._add`: a new peak only above the last)."""
-    sizes: dict[Any, int] = {}
-    live = top = at = 0
-    for i, (key, n) in enumerate(events):
-        if isinstance(key, str):
-            continue
-        if n >= 0:
-            sizes[key] = n
-            live += n
-            if live > top:
-                top, at = live, i
-        else:
-            live -= sizes.pop(key, 0)
-    return top, at
