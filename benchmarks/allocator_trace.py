@@ -5,6 +5,7 @@
 Each setup (an index into validate.SETUPS, hN for validate.HELD_OUT[N], gN for validate.HELD_OUT_2[N],
 kN for validate.HELD_OUT_4[N], sN for validate.HELD_OUT_6[N], tN for validate.HELD_OUT_7[N], uN for
 validate.HELD_OUT_8[N], wN for validate.HELD_OUT_12[N], xN for validate.HELD_OUT_14[N], yN for validate.HELD_OUT_15[N], eN for validate.MOE_EXPLORE[N], fN for validate.SHARDED[N] (an FSDP2 rank), rN for sharded_ranks_gpu.RANKS[N] (a meta-built FSDP2 rank), l0/l1 for llama-3.2-1b LoRA b4 with/without `--kernels liger`,
+zN for a DeepSpeed ZeRO-1/2 rank of zero_ranks_gpu's sets 3 and 4 (z0-z9 set 3, z10-z19 set 4),
 cN for the chapter's run N
 on a T4; under its `gpu` emulation where it names one) runs as in validate.py (STEPS=6 for the six steps of the
 held-out sets from held-out 4 on; default 3), under `torch.cuda.memory._record_memory_history`; the trace
@@ -40,6 +41,7 @@ from validate import (
 )
 
 import sharded_ranks_gpu
+import zero_ranks_gpu
 
 from trainmem.config.chapter import RUNS
 
@@ -51,7 +53,8 @@ SETS = {"h": HELD_OUT, "g": HELD_OUT_2, "k": HELD_OUT_4, "s": HELD_OUT_6, "t": H
         "f": [(a, dict(kw, shard="fsdp", device="cuda")) for a, kw in SHARDED],
         "r": [(a, dict(kw, shard="fsdp", device="cuda")) for a, kw in sharded_ranks_gpu.RANKS],
         "l": [("llama", dict(peft="lora", precision="bf16", batch_size=4, seq_len=1024, kernels=k))
-              for k in ("liger", "none")]}
+              for k in ("liger", "none")],
+        "z": [(a, dict(kw, engine="deepspeed", device="cuda")) for a, kw in zero_ranks_gpu.RANKS_3 + zero_ranks_gpu.RANKS_4]}
 """The sets a trace's index names by its letter (a bare number: `validate.SETUPS`)."""
 
 
@@ -79,7 +82,7 @@ def main(out_dir: str, indices: list[str]) -> int:
         t0 = time.time()
         torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python", max_entries=3_000_000)
         start = torch.cuda.memory._snapshot()["segments"]
-        r = execute(trainmem.ModelSpec.resolve(MODELS[arch]), trainmem.TrainSetup(**{"steps": steps, **kw}))
+        r = execute(trainmem.ModelSpec.resolve(MODELS.get(arch, arch)), trainmem.TrainSetup(**{"steps": steps, **kw}))
         snap = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(enabled=None)
         events = [(e["action"], e.get("addr", 0), e["size"], e.get("stream", 0), _where(e)) for e in snap["device_traces"][0]]
