@@ -1,7 +1,7 @@
 """One rank of a DeepSpeed ZeRO run, measured on one GPU through the fake process group (issue 40, item 3), beside
 trainmem's estimate of the same setup: measured vs estimated peak_allocated and peak_reserved.
 
-    python benchmarks/zero_ranks_gpu.py OUT_DIR [--set 1|2|3|4] [INDEX ...]   # on a GPU with DeepSpeed importable
+    python benchmarks/zero_ranks_gpu.py OUT_DIR [--set 1|2|3|4|5] [INDEX ...]   # on a GPU with DeepSpeed importable
 
 Each rank runs as `trainmem run --device cuda --engine deepspeed --gpus N --shard zeroK --rank R` in a fresh
 process (`trainmem.isolation.runner.run`), 3 steps, up to 10 minutes; its row goes to OUT_DIR/zero-ranks.jsonl and
@@ -88,7 +88,28 @@ under ZeRO-1 and LoRA under ZeRO-2, GPT-NeoX 5.8B under autocast, StableLM-2 in 
 accumulation, two mixtures of experts), worlds 2 to 16; each rank is the one the estimate names the fullest
 (`zero.StepPeak.rank`, computed when they were chosen). Chosen at the commit that added them, before any ran."""
 
-SETS = {"1": RANKS, "2": RANKS_2, "3": RANKS_3, "4": RANKS_4}
+RANKS_5: list[tuple[str, dict]] = [
+    ("llama-3.2-3b", dict(shard="zero2", gpus=4, precision="bf16", batch_size=2, seq_len=1024, rank=0)),
+    ("llama-3.2-3b", dict(shard="zero1", gpus=2, precision="bf16", batch_size=1, seq_len=2048, rank=1, **CKPT)),
+    ("qwen2.5-1.5b", dict(shard="zero1", gpus=4, precision="bf16", batch_size=4, seq_len=1024, grad_accum=2, rank=2)),
+    ("qwen3-0.6b", dict(shard="zero2", gpus=8, precision="amp-bf16", batch_size=4, seq_len=1024, rank=3, **CKPT)),
+    ("gemma-3-1b", dict(shard="zero1", gpus=8, precision="fp32", batch_size=2, seq_len=512, rank=0)),
+    ("mistral-7b", dict(shard="zero2", gpus=4, precision="bf16", batch_size=4, seq_len=1024, peft="lora", rank=1,
+                        **CKPT)),
+    ("olmo-2-1b", dict(shard="zero2", gpus=2, precision="bf16", batch_size=2, seq_len=2048, rank=1)),
+    ("phi-2", dict(shard="zero2", gpus=8, precision="bf16", batch_size=2, seq_len=1024, optimizer="adamw-fused",
+                   rank=6, **CKPT)),
+    ("polyglot-ko-1.3b", dict(shard="zero1", gpus=8, precision="bf16", batch_size=8, seq_len=512, rank=7)),
+    ("qwen3-30b-a3b", dict(shard="zero2", gpus=8, precision="bf16", batch_size=1, seq_len=512, peft="lora", rank=0,
+                           **CKPT)),
+]
+"""Set 5, held out for a ZeRO-1/2 rank's reserved bytes from the allocator replay of its events (`zero.rank_events`):
+ten ranks over setups no earlier set ran (LLaMA-3.2-3B full under ZeRO-1 and ZeRO-2, ZeRO-1 with accumulation, Qwen3
+under autocast, Gemma-3 in fp32, Mistral LoRA, OLMo-2 at 2048 tokens, Phi-2 with fused AdamW, GPT-NeoX at batch 8,
+a Qwen3-30B-A3B mixture of experts with LoRA), worlds 2 to 8, ranks 0 to 7. Chosen at the commit that added them,
+before any ran."""
+
+SETS = {"1": RANKS, "2": RANKS_2, "3": RANKS_3, "4": RANKS_4, "5": RANKS_5}
 
 FIELDS = ("peak_allocated", "peak_reserved")
 

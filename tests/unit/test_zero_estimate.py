@@ -206,3 +206,59 @@ def test_the_terminal_says_a_ranks_estimate_is_for_one_gpu_of_n_on_the_card_aske
     text = console.export_text()
     assert "for one GPU of 4 (zero2)" in text and "on A10G" in text and "on cuda" not in text
     assert "gradients 0.00 MiB" in text.split("after an optimizer step")[1]
+
+
+def _rank_reserved(found: zero.Excess, spec: ModelSpec, setup: TrainSetup, rank: int = 0) -> tuple[list, int]:
+    from trainmem.estimator.memory import allocator
+
+    trainable = [p for p in inventory(spec, setup, "bf16").params if p.trainable]
+    events, steady = zero.rank_events(found, setup.shard, [p.numel for p in trainable], 2, setup.gpus, rank,
+                                      spec.hf_config().hidden_size ** 2, True)
+    a = allocator.CachingAllocator()
+    assert allocator.replay_steps(events, steady, a)  # the rank's last step repeats on its own keys
+    return events, a.peak_reserved
+
+
+@pytest.mark.parametrize("shard", ["zero1", "zero2"])
+def test_a_zero_ranks_reserved_is_the_replay_of_its_own_events(shard):
+    """The rank's events are one GPU's with DeepSpeed's engine in place: the trainable weights copied into one flat
+    buffer and freed, the fp32 partition, and no gradient of one GPU's left after a backward (ZeRO-2: none made)."""
+    spec = ModelSpec.resolve("tiny-llama")
+    setup = TrainSetup(gpus=4, shard=shard, precision="bf16", batch_size=2, seq_len=64, gpu="H100").validate(spec)
+    found = simulated_step(spec, setup, "bf16", H100)
+    events, reserved = _rank_reserved(found, spec, setup, rank=1)
+    first = found.marks["step1.micro1.forward"]
+    assert events[:first] == found.events[:first]  # the build as one GPU's
+    trainable = 2 * spec.parameter_count
+    assert events[first][1] >= trainable  # the flat buffer, padded to 2 x world elements
+    freed = {k for k, n in events[first + 1:] if n == -1}
+    built = {k for k, n in events[:first] if n > 0}
+    assert sum(n for k, n in events[:first] if k in freed & built) >= trainable - 2 * 64  # the weights it replaces
+    b = estimate(spec, setup.replace(engine="deepspeed", rank=1))
+    assert b.terms["replayed_reserved"] == reserved
+    assert b.memory["peak_reserved"] == max(reserved, b.memory["peak_allocated"])
+    assert any(n.startswith("ZeRO-1/2 reserved: the allocator replay") for n in b.notes)
+
+
+def test_a_deep_ranks_events_compose_to_its_whole_models(tmp_path):
+    """The rank's events from the composed single-GPU step replay to the same reserved bytes as from the whole
+    model's simulated step."""
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA))
+    spec = ModelSpec.resolve(str(tmp_path / "config.json"))
+    setup = TrainSetup(gpus=2, shard="zero2", precision="bf16", batch_size=2, seq_len=64, checkpointing=True,
+                       gpu="H100").validate(spec)
+    composed = simulated_step(spec, setup, "bf16", H100)
+    single = zero.single_gpu(setup)
+    ledger = simulate_step(model_builder(spec, single, "bf16", H100), single, "bf16", workspace=H100.cublas_workspace,
+                           flash=H100.flash, sms=H100.sms, splits=True)[0]
+    whole = zero.excess(ledger)
+    whole = type(whole)(whole.bytes, whole.activations, whole.gradients, events=ledger.events, marks=ledger.marks)
+    assert composed.events is not None and len(composed.events) == len(ledger.events)
+    assert _rank_reserved(composed, spec, setup)[1] == _rank_reserved(whole, spec, setup)[1]
+
+
+def test_optimizer_offload_keeps_the_reserved_ratio_and_says_so():
+    spec = ModelSpec.resolve("tiny-llama")
+    b = estimate(spec, TrainSetup(gpus=2, shard="zero2", offload="optimizer", precision="bf16", gpu="H100"))
+    assert "replayed_reserved" not in b.terms
+    assert any(n.startswith("ZeRO-1/2 reserved: the allocated bytes times") for n in b.notes)

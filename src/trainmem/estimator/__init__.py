@@ -237,7 +237,7 @@ def _memory(spec: ModelSpec, setup: TrainSetup, precision: str, inv: states.Inve
     if method == "simulate":
         try:
             if zero.simulates(setup):
-                return (*_zero(spec, inv, setup, precision, model_states, notes, card, step), None, method)
+                return (*_zero(spec, inv, setup, precision, model_states, notes, card, step), method)
             memory, phase, terms, reserved = _simulate(spec, setup, precision, notes, card, step)
         except (UnknownValue, NotImplementedError) as e:  # the meta device cannot run this model's step
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -385,11 +385,15 @@ def _rank_notes(rank: sharding.RankStates, setup: TrainSetup, terms: dict[str, i
 
 
 ZERO_SIMULATED = ("ZeRO-1/2: the rank's forward and backward simulated as one GPU's (a stage-1/2 rank runs them "
-                  "unsharded), its states from DeepSpeed's partitioning; reserved is the allocated bytes times "
-                  f"{runtime.DEEPSPEED_RESERVED_OVER_ALLOCATED} (DeepSpeed's buckets are not simulated); on ten "
-                  "DeepSpeed ranks measured on one H100 and held out, peak_allocated median error 0.03%, worst -2%, "
-                  "peak_reserved median 10%, worst -20%")
-"""What a ZeRO-1/2 rank's answer says of its figures (docs/lab/zero-optimizer-step-2026-12-07.md)."""
+                  "unsharded), its states from DeepSpeed's partitioning; on ten DeepSpeed ranks measured on one H100 "
+                  "and held out, peak_allocated median error 0.03%, worst -2%")
+"""What a ZeRO-1/2 rank's answer says of its allocated bytes (docs/lab/zero-optimizer-step-2026-12-07.md)."""
+ZERO_REPLAYED = ("ZeRO-1/2 reserved: the allocator replay of the rank's events (one GPU's step with DeepSpeed's flat "
+                 "buffer, partitions, gradient bucket and step in its place); in sample on 29 DeepSpeed ranks measured "
+                 "on one H100, median error 1.3%, worst -14%")
+ZERO_RATIO = (f"ZeRO-1/2 reserved: the allocated bytes times {runtime.DEEPSPEED_RESERVED_OVER_ALLOCATED} (optimizer "
+              "offload's events are not replayed); measured reserved over allocated runs 1.05-1.56")
+"""What a ZeRO-1/2 rank's answer says of its reserved bytes (docs/lab/zero-reserved-2026-12-07.md)."""
 
 INIT_PHASE = "DeepSpeed engine's initialisation"
 """Where a ZeRO-1/2 rank peaks when its step holds less than the engine's set-up does (optimizer offload, short
@@ -400,9 +404,10 @@ ZERO_INIT = ("ZeRO-1/2: the step holds less than the engine's initialisation, wh
 
 
 def _zero(spec: ModelSpec, inv: states.Inventory, setup: TrainSetup, precision: str, ms: dict[str, int],
-          notes: list[str], card: GPU, step: Any) -> tuple[dict[str, int], str, dict[str, int]]:
+          notes: list[str], card: GPU, step: Any) -> tuple[dict[str, int], str, dict[str, int], int | None]:
     """A ZeRO-1/2 rank: its states (`_rank_states`) plus, in forward and backward, what the same micro-batches'
-    step holds beyond the states on one GPU (`zero.Excess`); in the optimizer step, DeepSpeed's (`_zero_step`)."""
+    step holds beyond the states on one GPU (`zero.Excess`); in the optimizer step, DeepSpeed's (`_zero_step`).
+    Its reserved bytes: the allocator replay of the rank's events (`_zero_reserved`), None where there are none."""
     found = step if step is not None else simulated_step(spec, setup, precision, card)
     rank = _rank_states(inv, setup, precision, ms)
     terms = {"simulated_excess": found.bytes, "optimizer_step_temporaries": rank.step_temporaries,
@@ -430,7 +435,33 @@ def _zero(spec: ModelSpec, inv: states.Inventory, setup: TrainSetup, precision: 
     elif phase == step_phase and step_note:
         notes.append(step_note)
     memory["peak_allocated"] = sum(memory.values())
-    return memory, phase, terms
+    reserved = _zero_reserved(spec, inv, setup, precision, found, notes)
+    if reserved is not None:
+        terms["replayed_reserved"] = reserved
+        reserved = max(reserved, memory["peak_allocated"])
+    notes.append(ZERO_REPLAYED if reserved is not None else ZERO_RATIO)
+    return memory, phase, terms, reserved
+
+
+def _zero_reserved(spec: ModelSpec, inv: states.Inventory, setup: TrainSetup, precision: str, found: zero.Excess,
+                   notes: list[str]) -> int | None:
+    """A ZeRO-1/2 rank's peak reserved bytes from the allocator replay of its events (`zero.rank_events`), under
+    the card's cap as a single GPU's step is; None under optimizer offload (whose host step is not replayed) or
+    where the single-GPU step's events are not at hand."""
+    from trainmem.measure.deepspeed import ds_config
+
+    if setup.offload != "none":
+        return None
+    trainable = [p for p in inv.params if p.trainable]
+    sizes = [p.numel for p in trainable]
+    grad_bytes = int(max((p.bytes_per for p in trainable), default=4))
+    world, foreach = setup.shard_group, OPTIMIZERS[setup.optimizer].foreach
+    rank = setup.rank % world if setup.rank is not None else zero.optimizer_step(sizes, world, grad_bytes, foreach).rank
+    bucket = ds_config(setup, precision, int(spec.text_config().hidden_size))["zero_optimization"]["reduce_bucket_size"]
+    made = zero.rank_events(found, setup.shard, sizes, grad_bytes, world, rank, bucket, foreach)
+    if made is None:
+        return None
+    return _replay(made[0], made[1], setup.cap_bytes(precision), notes).reserved
 
 
 def _zero_step(inv: states.Inventory, setup: TrainSetup, rank: sharding.RankStates,

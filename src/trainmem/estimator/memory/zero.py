@@ -4,8 +4,14 @@ Stages 1 and 2 partition the optimizer states (and stage 2 the gradients) but ke
 (DeepSpeed's `stage_1_and_2.py`): each rank runs the whole model's forward and backward on its own micro-batch,
 exactly as one GPU does. So what the rank's forward and backward hold beyond its weights, gradients and
 optimizer states is what the single-GPU step holds beyond them: the simulated step of the same model and micro-
-batch gives it, and the rank's states come from DeepSpeed's partitioning (`sharding.rank_states`). The reserved
-bytes stay the analytic ratio: DeepSpeed's own buckets and partitions are not simulated.
+batch gives it, and the rank's states come from DeepSpeed's partitioning (`sharding.rank_states`).
+
+The reserved bytes come from the allocator replay of the rank's own events (`rank_events`): the single-GPU step's,
+with DeepSpeed's engine in place of what differs. The engine copies the trainable weights into one flat buffer and
+frees them (their blocks stay cached, and the forward's activations reuse them), makes the fp32 partition and a
+zero gradient for it, and keeps one gradient bucket; each backward's gradients go through the bucket into the
+rank's partition buffer; its step is DeepSpeed's (`optimizer_step`). Read in DeepSpeed 0.19.8's
+`stage_1_and_2.py` and in the allocator traces of nine measured ranks (docs/lab/zero-reserved-2026-12-07.md).
 
 The optimizer step is DeepSpeed's (`StepPeak`): it flattens the rank's gradient partition and casts it to fp32
 while the gradients it was flattened from still exist, then steps the wrapped optimizer on the fp32 partition.
@@ -16,6 +22,7 @@ the same bytes a layer, and are extended to the full depth; where they do not, t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -41,6 +48,11 @@ class Excess:
     activations: int
     gradients: int = 0
     """ZeRO-1: the gradients among `bytes` (a stage-1 rank keeps each whole until its backward's end)."""
+    events: list[tuple[Any, int]] | None = dataclasses.field(default=None, compare=False)
+    """The single-GPU step's events at the model's full depth (for `rank_events`); None where its cut models'
+    steps do not compose."""
+    marks: dict[str, int] | None = dataclasses.field(default=None, compare=False)
+    """Where each phase of those events begins."""
 
 
 @dataclass(frozen=True)
@@ -137,11 +149,126 @@ def rank_excess(config: dict[str, Any], layers: int, simulate: Callable[[int | N
     (`simulate(k)`, k layers) where the model's layers are alike and each layer adds the same bytes over
     `compose.CUTS`, else from `simulate(None)`, the whole model's."""
     if compose.composable(config, layers):
-        cuts = at_once(lambda k: excess(simulate(k), whole_gradients), compose.CUTS)
+        ledgers = at_once(lambda k: compose.Recorded.of(simulate(k)), compose.CUTS)
+        cuts = [excess(ledger, whole_gradients) for ledger in ledgers]
         grows = [[getattr(b, f) - getattr(a, f) for a, b in zip(cuts, cuts[1:])]
                  for f in ("bytes", "activations", "gradients")]
         if all(g[0] == g[1] for g in grows):
             extra = layers - compose.CUTS[-1]
+            step = compose.composed_step(config, layers, simulate, compose.CUTS[0], dict(zip(compose.CUTS, ledgers)))
             return Excess(*(getattr(cuts[-1], f) + extra * g[1]
-                            for f, g in zip(("bytes", "activations", "gradients"), grows)))
-    return excess(simulate(None), whole_gradients)
+                            for f, g in zip(("bytes", "activations", "gradients"), grows)),
+                          events=step.events if step is not None else None,
+                          marks=step.marks if step is not None else None)
+    ledger = simulate(None)
+    return dataclasses.replace(excess(ledger, whole_gradients), events=ledger.events, marks=dict(ledger.marks))
+
+
+def rank_events(found: Excess, shard: str, sizes: Sequence[int], grad_bytes: int, world: int, rank: int,
+                bucket: int, foreach: bool) -> tuple[list[tuple[Any, int]], int | None] | None:
+    """The events of rank `rank` of a ZeRO-1/2 run without offload, from the single-GPU step's (`found.events`),
+    and where its last step begins (for the replay's repetition); None where there are none.
+
+    `sizes`: the trainable parameters' elements in the optimizer's order, `grad_bytes` their bytes an element,
+    `bucket`: the gradient bucket's elements (`reduce_bucket_size`). What DeepSpeed 0.19.8 does differently from
+    one GPU, in order: after the model is built, the flat buffer of the trainable weights (padded to `ALIGNMENT`
+    x `world`) and the weights freed (matched by size among the blocks the build left); the fp32 partition (a
+    half clone first, cast); the zero gradient `initialize_optimizer_states` makes and drops; the gradient bucket.
+    In each step: the forward as on one GPU; in the backward, ZeRO-2 copies each gradient into the bucket and
+    frees it, and the first reduction allocates the rank's partition buffer (every parameter overlapping the
+    partition, whole); ZeRO-1 keeps the gradients whole to the backward's end, then makes the partition buffer
+    and frees them. The step replaces the one-GPU optimizer's: the flat gradient partition, its fp32 cast, the
+    Adam moments of the partition (first step), the foreach temporary."""
+    events, marks = found.events, found.marks
+    if not events or not marks or "step1.micro1.forward" not in marks:
+        return None
+    total = -(-sum(sizes) // (ALIGNMENT * world)) * ALIGNMENT * world
+    part = total // world
+    if not part:
+        return None
+    overlapping, start = 0, 0
+    for n in sizes:
+        if n and start < (rank + 1) * part and start + n > rank * part:
+            overlapping += n
+        start += n
+    order = sorted(marks.items(), key=lambda kv: kv[1])
+    spans = [(name, at, order[i + 1][1] if i + 1 < len(order) else len(events)) for i, (name, at) in enumerate(order)]
+    first = marks["step1.micro1.forward"]
+    built: dict[Any, int] = {}
+    for key, n in events[:first]:
+        if key in (EMPTY_CACHE, STREAM):
+            continue
+        if n == -1:
+            built.pop(key, None)
+        else:
+            built[key] = n
+    wanted: dict[int, int] = {}
+    for n in sizes:
+        wanted[n * grad_bytes] = wanted.get(n * grad_bytes, 0) + 1
+    weights = []
+    for key, n in built.items():
+        if wanted.get(n, 0):
+            wanted[n] -= 1
+            weights.append(key)
+    gradients: set[Any] = set()  # allocated in a step's backward and freed by its optimizer's zero_grad
+    for name, a, b in spans:
+        if name.endswith("optimizer"):
+            step = name.split(".")[0]
+            made = {k for s, c, d in spans if s.startswith(step + ".") and s.endswith("backward")
+                    for k, n in events[c:d] if n > 0}
+            gradients |= made & {k for k, n in events[a:b] if n == -1}
+    out = list(events[:first])
+    count = iter(range(1, 1 << 62))
+
+    def new(n: int) -> Any:
+        key = ("zero", next(count))
+        out.append((key, n))
+        return key
+
+    new(total * grad_bytes)
+    out.extend((k, -1) for k in weights)
+    if grad_bytes != 4:
+        clone = new(grad_bytes * part)
+        new(4 * part)
+        out.append((clone, -1))
+    else:
+        new(4 * part)
+    out.append((new(4 * part), -1))
+    new(bucket * grad_bytes)
+    steady, moments, held = None, False, None
+    for name, a, b in spans:
+        if a < first:  # the build, copied above
+            continue
+        if name == f"step{STEPS}.micro1.forward":
+            steady = len(out)
+        if name.endswith("backward"):
+            if shard == "zero2":
+                for key, n in events[a:b]:
+                    if key in gradients:
+                        if held is None:
+                            held = new(overlapping * grad_bytes)
+                        continue
+                    out.append((key, n))
+            else:
+                out.extend(events[a:b])
+                if held is None:
+                    held = new(overlapping * grad_bytes)
+                out.extend((k, -1) for k, n in events[a:b] if n > 0 and k in gradients)
+        elif name.endswith("optimizer"):
+            flat = new(grad_bytes * part)
+            cast = new(4 * part) if grad_bytes != 4 else flat
+            if cast is not flat:
+                out.append((flat, -1))
+            if held is not None:
+                out.append((held, -1))
+                held = None
+            if not moments:
+                new(4 * part)
+                new(4 * part)
+                moments = True
+            if foreach:
+                out.append((new(4 * part), -1))
+            out.append((cast, -1))
+        else:
+            out.extend(events[a:b])
+    return out, steady
