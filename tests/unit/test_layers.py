@@ -106,7 +106,8 @@ ALLOWED: dict[str, set[str] | None] = {
                          "measure.ledger", "measure.train"},
     "estimator.time": {"config", "estimator.memory", "hardware", "measure.accumulation", "measure.build",
                        "measure.ledger"},
-    "estimator": {"config", "errors", "estimator.memory", "estimator.time", "forked", "hardware", "result", "version"},
+    "estimator": {"config", "errors", "estimator.memory", "estimator.time", "forked", "hardware", "measure.deepspeed",
+                  "result", "version"},
     "integrations": {"config", "estimator", "measure", "result"},
     "isolation": {"config", "errors", "integrations", "measure", "result"},
     "search": {"config", "errors", "estimator", "estimator.memory", "forked", "hardware", "isolation", "result"},
@@ -120,8 +121,8 @@ ALLOWED: dict[str, set[str] | None] = {
 }
 """What each layer imports, bottom to top (docs/architecture.md), and no more: a layer that starts to need another
 below it says so here; None: anything. Lazy imports count. The estimator's layers use of `measure` only what they
-share with real runs (the ledger, the builder of model and optimizer, the loss rule, the loop's probe steps),
-never an engine (stages, ranks, emulation, the isolation above them)."""
+share with real runs (the ledger, the builder of model and optimizer, the loss rule, the loop's probe steps, the
+DeepSpeed config a ZeRO rank runs with), never an engine (stages, ranks, emulation, the isolation above them)."""
 
 
 def allowed(importer: str, imported: str) -> bool:
