@@ -262,3 +262,21 @@ def test_optimizer_offload_keeps_the_reserved_ratio_and_says_so():
     b = estimate(spec, TrainSetup(gpus=2, shard="zero2", offload="optimizer", precision="bf16", gpu="H100"))
     assert "replayed_reserved" not in b.terms
     assert any(n.startswith("ZeRO-1/2 reserved: the allocated bytes times") for n in b.notes)
+
+
+def test_the_partition_buffer_comes_with_the_first_reduced_bucket_that_reaches_the_partition():
+    """DeepSpeed's contiguous reduction (`zero._Reduction`): each gradient is freed as it is copied into the bucket;
+    a full bucket is reduced, and the first that holds a parameter of the rank's partition makes its buffer; a
+    gradient larger than the bucket keeps its own block until its reduction."""
+    out: list = []
+    made: list[int] = []
+    walk = zero._Reduction(10, 20, 40, lambda: made.append(len(out)) or "held", out)
+    for i, start in enumerate(range(0, 60, 5)):  # twelve gradients of 5 elements, in the flat order
+        walk.arrive(f"g{i}", 5, start)
+    # buckets of two gradients; the one holding elements 20-29 is reduced when g6 arrives
+    assert made == [6] and walk.held == "held"
+    assert out == [(f"g{i}", -1) for i in range(12)]
+    walk.arrive("large", 15, 60)
+    assert out[-1] == ("g11", -1)  # it waits for its reduction
+    walk.reduce()
+    assert out[-1] == ("large", -1) and made == [6]

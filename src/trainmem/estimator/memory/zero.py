@@ -103,6 +103,37 @@ def optimizer_step(sizes: Sequence[int], world: int, grad_bytes: int, foreach: b
     return max(flatten, update, key=lambda p: p.gradients + p.other)
 
 
+class _Reduction:
+    """DeepSpeed's reduction of a rank's gradients through its contiguous bucket (`reduce_bucket_size` elements,
+    `stage_1_and_2.py`): each gradient is copied into the bucket and its own block freed (one larger than the
+    bucket waits for the reduction); a full bucket is reduced, and the first reduction that holds a parameter of
+    the rank's partition [`low`, `high`) allocates the partition buffer (`held`, by `allocate`)."""
+
+    def __init__(self, bucket: int, low: int, high: int, allocate: Callable[[], Any], out: list[tuple[Any, int]]):
+        self.bucket, self.low, self.high, self.allocate, self.out = bucket, low, high, allocate, out
+        self.elements, self.starts, self.large = 0, [], []
+        self.held: Any = None
+        self.freed: set[Any] = set()
+
+    def arrive(self, key: Any, elements: int, start: int) -> None:
+        if self.elements + elements > self.bucket:
+            self.reduce()
+        if elements > self.bucket:
+            self.large.append(key)
+        else:
+            self.out.append((key, -1))
+            self.freed.add(key)
+        self.starts.append((start, elements))
+        self.elements += elements
+
+    def reduce(self) -> None:
+        if self.held is None and any(s < self.high and s + n > self.low for s, n in self.starts):
+            self.held = self.allocate()
+        self.out.extend((k, -1) for k in self.large)
+        self.freed.update(self.large)
+        self.elements, self.starts, self.large = 0, [], []
+
+
 def simulates(setup: TrainSetup) -> bool:
     """Which ZeRO setups this method prices: stages 1 and 2 without QLoRA (whose 4-bit build DeepSpeed does not
     partition) and without parameter offload (a ZeRO-3 feature)."""
@@ -174,10 +205,10 @@ def rank_events(found: Excess, shard: str, sizes: Sequence[int], grad_bytes: int
     one GPU, in order: after the model is built, the flat buffer of the trainable weights (padded to `ALIGNMENT`
     x `world`) and the weights freed (matched by size among the blocks the build left); the fp32 partition (a
     half clone first, cast); the zero gradient `initialize_optimizer_states` makes and drops; the gradient bucket.
-    In each step: the forward as on one GPU; in the backward, ZeRO-2 copies each gradient into the bucket and
-    frees it, and the first reduction allocates the rank's partition buffer (every parameter overlapping the
-    partition, whole); ZeRO-1 keeps the gradients whole to the backward's end, then makes the partition buffer
-    and frees them. The step replaces the one-GPU optimizer's: the flat gradient partition, its fp32 cast, the
+    In each step: the forward as on one GPU; the backward's gradients go through the bucket (`_Reduction`) as
+    they are made (ZeRO-2), or at the backward's end in the flat order (ZeRO-1, which keeps them whole until
+    then), and the first reduction of a parameter of the partition allocates the rank's partition buffer (every
+    parameter overlapping the partition, whole). The step replaces the one-GPU optimizer's: the flat gradient partition, its fp32 cast, the
     Adam moments of the partition (first step), the foreach temporary."""
     events, marks = found.events, found.marks
     if not events or not marks or "step1.micro1.forward" not in marks:
@@ -235,33 +266,43 @@ def rank_events(found: Excess, shard: str, sizes: Sequence[int], grad_bytes: int
         new(4 * part)
     out.append((new(4 * part), -1))
     new(bucket * grad_bytes)
-    steady, moments, held = None, False, None
+    low, high, used = rank * part, (rank + 1) * part, sum(sizes)
+    walk = _Reduction(bucket, low, high, lambda: new(overlapping * grad_bytes), out)
+    steady, moments = None, False
     for name, a, b in spans:
         if a < first:  # the build, copied above
             continue
         if name == f"step{STEPS}.micro1.forward":
             steady = len(out)
         if name.endswith("backward"):
-            if shard == "zero2":
-                for key, n in events[a:b]:
-                    if key in gradients:
-                        if held is None:
-                            held = new(overlapping * grad_bytes)
-                        continue
-                    out.append((key, n))
-            else:
-                out.extend(events[a:b])
-                if held is None:
-                    held = new(overlapping * grad_bytes)
-                out.extend((k, -1) for k, n in events[a:b] if n > 0 and k in gradients)
+            # a backward makes the gradients from the last parameter to the first: the k-th ends where the
+            # elements of those made before it begin, counted from the end of the flat order
+            made, mine = 0, []
+            for key, n in events[a:b]:
+                if key not in gradients:
+                    if not (n == -1 and key in walk.freed):
+                        out.append((key, n))
+                    continue
+                if n == -1:
+                    continue
+                elements = n // grad_bytes
+                made += elements
+                mine.append((key, elements, used - made))
+                out.append((key, n))
+                if shard == "zero2":  # each gradient reduced as it is made
+                    walk.arrive(key, elements, used - made)
+            if shard == "zero1":  # at the backward's end, in the flat order
+                for key, elements, start in reversed(mine):
+                    walk.arrive(key, elements, start)
+            walk.reduce()
         elif name.endswith("optimizer"):
             flat = new(grad_bytes * part)
             cast = new(4 * part) if grad_bytes != 4 else flat
             if cast is not flat:
                 out.append((flat, -1))
-            if held is not None:
-                out.append((held, -1))
-                held = None
+            if walk.held is not None:
+                out.append((walk.held, -1))
+                walk.held = None
             if not moments:
                 new(4 * part)
                 new(4 * part)
