@@ -113,7 +113,6 @@ class _Reduction:
         self.bucket, self.low, self.high, self.allocate, self.out = bucket, low, high, allocate, out
         self.elements, self.starts, self.large = 0, [], []
         self.held: Any = None
-        self.freed: set[Any] = set()
 
     def arrive(self, key: Any, elements: int, start: int) -> None:
         if self.elements + elements > self.bucket:
@@ -122,7 +121,6 @@ class _Reduction:
             self.large.append(key)
         else:
             self.out.append((key, -1))
-            self.freed.add(key)
         self.starts.append((start, elements))
         self.elements += elements
 
@@ -130,7 +128,6 @@ class _Reduction:
         if self.held is None and any(s < self.high and s + n > self.low for s, n in self.starts):
             self.held = self.allocate()
         self.out.extend((k, -1) for k in self.large)
-        self.freed.update(self.large)
         self.elements, self.starts, self.large = 0, [], []
 
 
@@ -208,8 +205,8 @@ def rank_events(found: Excess, shard: str, sizes: Sequence[int], grad_bytes: int
     In each step: the forward as on one GPU; the backward's gradients go through the bucket (`_Reduction`) as
     they are made (ZeRO-2), or at the backward's end in the flat order (ZeRO-1, which keeps them whole until
     then), and the first reduction of a parameter of the partition allocates the rank's partition buffer (every
-    parameter overlapping the partition, whole). The step replaces the one-GPU optimizer's: the flat gradient partition, its fp32 cast, the
-    Adam moments of the partition (first step), the foreach temporary."""
+    parameter overlapping the partition, whole). The step replaces the one-GPU optimizer's: the flat gradient
+    partition, its fp32 cast, the Adam moments of the partition (first step), the foreach temporary."""
     events, marks = found.events, found.marks
     if not events or not marks or "step1.micro1.forward" not in marks:
         return None
@@ -280,10 +277,9 @@ def rank_events(found: Excess, shard: str, sizes: Sequence[int], grad_bytes: int
             made, mine = 0, []
             for key, n in events[a:b]:
                 if key not in gradients:
-                    if not (n == -1 and key in walk.freed):
-                        out.append((key, n))
+                    out.append((key, n))
                     continue
-                if n == -1:
+                if n == -1:  # freed by the reduction already
                     continue
                 elements = n // grad_bytes
                 made += elements
