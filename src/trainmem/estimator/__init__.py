@@ -420,7 +420,7 @@ def _zero(spec: ModelSpec, inv: states.Inventory, setup: TrainSetup, precision: 
     held = found.gradients if setup.shard == "zero1" else rank.gradients if setup.grad_accum > 1 else 0
     # DeepSpeed flattens on the GPU only where its free memory holds the flat buffer, else on the host
     flat = rank.flat_copy if rank.weights + rank.flat_copy <= card.capacity else 0
-    step, step_phase, step_note = _zero_step(inv, setup, rank, terms)
+    step, step_phase, step_note, fullest = _zero_step(inv, setup, rank, terms)
     candidates = [
         ({"weights": rank.weights, "gradients": held, "optimizer": rank.optimizer,
           "activations": found.activations, "other": found.bytes - found.activations - found.gradients + rank.buffers},
@@ -435,7 +435,7 @@ def _zero(spec: ModelSpec, inv: states.Inventory, setup: TrainSetup, precision: 
     elif phase == step_phase and step_note:
         notes.append(step_note)
     memory["peak_allocated"] = sum(memory.values())
-    reserved = _zero_reserved(spec, inv, setup, precision, found, notes)
+    reserved = _zero_reserved(spec, inv, setup, precision, found, fullest, notes) if fullest is not None else None
     if reserved is not None:
         terms["replayed_reserved"] = reserved
         reserved = max(reserved, memory["peak_allocated"])
@@ -444,43 +444,45 @@ def _zero(spec: ModelSpec, inv: states.Inventory, setup: TrainSetup, precision: 
 
 
 def _zero_reserved(spec: ModelSpec, inv: states.Inventory, setup: TrainSetup, precision: str, found: zero.Excess,
-                   notes: list[str]) -> int | None:
-    """A ZeRO-1/2 rank's peak reserved bytes from the allocator replay of its events (`zero.rank_events`), under
-    the card's cap as a single GPU's step is; None under optimizer offload (whose host step is not replayed) or
-    where the single-GPU step's events are not at hand."""
+                   fullest: int, notes: list[str]) -> int | None:
+    """A ZeRO-1/2 rank's peak reserved bytes from the allocator replay of its events (`zero.rank_events`): of
+    `--rank`, else of the `fullest` rank (the one the step prices), under the card's cap as a single GPU's step
+    is; None where the single-GPU step's events are not at hand."""
     from trainmem.measure.deepspeed import ds_config
 
-    if setup.offload != "none":
-        return None
-    trainable = [p for p in inv.params if p.trainable]
-    sizes = [p.numel for p in trainable]
-    grad_bytes = int(max((p.bytes_per for p in trainable), default=4))
-    world, foreach = setup.shard_group, OPTIMIZERS[setup.optimizer].foreach
-    rank = setup.rank % world if setup.rank is not None else zero.optimizer_step(sizes, world, grad_bytes, foreach).rank
+    sizes, grad_bytes = _flat_group(inv)
+    world = setup.shard_group
+    rank = setup.rank % world if setup.rank is not None else fullest
     bucket = ds_config(setup, precision, int(spec.text_config().hidden_size))["zero_optimization"]["reduce_bucket_size"]
-    made = zero.rank_events(found, setup.shard, sizes, grad_bytes, world, rank, bucket, foreach)
+    made = zero.rank_events(found, setup.shard, sizes, grad_bytes, world, rank, bucket,
+                            OPTIMIZERS[setup.optimizer].foreach)
     if made is None:
         return None
     return _replay(made[0], made[1], setup.cap_bytes(precision), notes).reserved
 
 
+def _flat_group(inv: states.Inventory) -> tuple[list[int], int]:
+    """The elements of each trainable parameter in the optimizer's order, and their bytes an element: DeepSpeed's
+    flat group."""
+    trainable = [p for p in inv.params if p.trainable]
+    return [p.numel for p in trainable], int(max((p.bytes_per for p in trainable), default=4))
+
+
 def _zero_step(inv: states.Inventory, setup: TrainSetup, rank: sharding.RankStates,
-               terms: dict[str, int]) -> tuple[dict[str, int], str, str | None]:
-    """A ZeRO-1/2 rank's optimizer step and what the answer says of it where it is the peak: DeepSpeed's own
-    (`zero.optimizer_step`) on the GPU; under optimizer offload the GPU keeps the gradient partition and the
-    staging buffer while the CPU steps."""
+               terms: dict[str, int]) -> tuple[dict[str, int], str, str | None, int | None]:
+    """A ZeRO-1/2 rank's optimizer step, what the answer says of it where it is the peak, and the fullest rank
+    (None under offload): DeepSpeed's own (`zero.optimizer_step`) on the GPU; under optimizer offload the GPU keeps
+    the gradient partition and the staging buffer while the CPU steps."""
     memory = {"weights": rank.weights, "gradients": rank.gradients, "optimizer": rank.optimizer, "activations": 0,
               "other": rank.step_temporaries + terms["cublas_workspace"] + rank.buffers}
     if setup.offload == "none":
-        trainable = [p for p in inv.params if p.trainable]
-        step = zero.optimizer_step([p.numel for p in trainable], setup.shard_group,
-                                   int(max((p.bytes_per for p in trainable), default=4)),
-                                   OPTIMIZERS[setup.optimizer].foreach)
+        sizes, grad_bytes = _flat_group(inv)
+        step = zero.optimizer_step(sizes, setup.shard_group, grad_bytes, OPTIMIZERS[setup.optimizer].foreach)
         terms["optimizer_step_temporaries"] = step.other
         memory.update(gradients=step.gradients, other=step.other + terms["cublas_workspace"] + rank.buffers)
         return memory, "optimizer step", (f"ZeRO-1/2 optimizer step: rank {step.rank}, the fullest, peaks at its "
-                                          f"{step.moment} ({ZERO_STEP[step.moment]})")
-    return memory, "optimizer step", None
+                                          f"{step.moment} ({ZERO_STEP[step.moment]})"), step.rank
+    return memory, "optimizer step", None, None
 
 
 ZERO_STEP = {"flatten": "the gradients of its partition's parameters, their flat copy and its fp32 cast at once",
