@@ -1,7 +1,7 @@
 """One rank of a DeepSpeed ZeRO run, measured on one GPU through the fake process group (issue 40, item 3), beside
 trainmem's estimate of the same setup: measured vs estimated peak_allocated and peak_reserved.
 
-    python benchmarks/zero_ranks_gpu.py OUT_DIR [--set 1|2|3|4|5] [INDEX ...]   # on a GPU with DeepSpeed importable
+    python benchmarks/zero_ranks_gpu.py OUT_DIR [--set 1|2|3|4|5|6] [INDEX ...]   # on a GPU with DeepSpeed importable
 
 Each rank runs as `trainmem run --device cuda --engine deepspeed --gpus N --shard zeroK --rank R` in a fresh
 process (`trainmem.isolation.runner.run`), 3 steps, up to 10 minutes; its row goes to OUT_DIR/zero-ranks.jsonl and
@@ -109,7 +109,26 @@ under autocast, Gemma-3 in fp32, Mistral LoRA, OLMo-2 at 2048 tokens, Phi-2 with
 a Qwen3-30B-A3B mixture of experts with LoRA), worlds 2 to 8, ranks 0 to 7. Chosen at the commit that added them,
 before any ran."""
 
-SETS = {"1": RANKS, "2": RANKS_2, "3": RANKS_3, "4": RANKS_4, "5": RANKS_5}
+RANKS_6: list[tuple[str, dict]] = [
+    ("gemma-2-2b", dict(shard="zero2", gpus=8, precision="bf16", batch_size=2, seq_len=1024, rank=0)),
+    ("llama-3.2-1b", dict(shard="zero2", gpus=16, precision="bf16", batch_size=4, seq_len=1024, rank=0, **CKPT)),
+    ("qwen2.5-7b", dict(shard="zero2", gpus=8, precision="bf16", batch_size=1, seq_len=2048, rank=7, **CKPT)),
+    ("gemma-3-1b", dict(shard="zero1", gpus=4, precision="bf16", batch_size=4, seq_len=1024, rank=1)),
+    ("phi-3-mini", dict(shard="zero1", gpus=4, precision="bf16", batch_size=1, seq_len=1024, rank=3, **CKPT)),
+    ("qwen2.5-0.5b", dict(shard="zero2", gpus=2, precision="fp32", batch_size=4, seq_len=512, rank=1)),
+    ("bloom-560m", dict(shard="zero1", gpus=2, precision="bf16", batch_size=2, seq_len=1024, rank=0)),
+    ("olmoe-1b-7b", dict(shard="zero1", gpus=8, precision="bf16", batch_size=1, seq_len=1024, rank=2, **CKPT)),
+    ("llama-3.1-8b", dict(shard="zero2", gpus=16, precision="bf16", batch_size=1, seq_len=1024, rank=15, **CKPT)),
+    ("qwen3-0.6b", dict(shard="zero2", gpus=4, precision="amp-bf16", batch_size=2, seq_len=1024, grad_accum=2,
+                        rank=0)),
+]
+"""Set 6, held out for DeepSpeed's gradient norm in the rank's step (`zero.NORM_BYTES`, the fp64 copy of each
+gradient piece of the partition): ten ranks over setups no earlier set ran, several whose partition holds a large
+embedding (Gemma-2 and Llama-3.2-1B at worlds 8 and 16, BLOOM, Gemma-3), ZeRO-1 with a mixture of experts,
+Llama-3.1-8B at world 16, Qwen2.5 in fp32, ZeRO-2 with accumulation under autocast; worlds 2 to 16, ranks 0 to 15.
+Chosen at the commit that added them, before any ran."""
+
+SETS = {"1": RANKS, "2": RANKS_2, "3": RANKS_3, "4": RANKS_4, "5": RANKS_5, "6": RANKS_6}
 
 FIELDS = ("peak_allocated", "peak_reserved")
 

@@ -163,13 +163,26 @@ def test_deepspeeds_optimizer_step_on_the_fullest_rank():
     parameters whole), rank 1's 10. bf16: the flatten holds those gradients, a flat partition and its fp32 cast."""
     bf16 = zero.optimizer_step([6, 6, 4], 2, 2, foreach=True)
     assert bf16 == zero.StepPeak(gradients=2 * 12, other=2 * 8 + 4 * 8, moment="flatten", rank=0)
-    fp32 = zero.optimizer_step([6, 6, 4], 2, 4, foreach=True)
-    assert (fp32.gradients, fp32.other, fp32.moment) == (4 * 12, 4 * 8, "flatten")  # `.to(fp32)` copies nothing
+    # six parameters over partitions of 8: rank 1's [8, 16) overlaps 10 elements, rank 0's 9
+    fp32 = zero.optimizer_step([3, 3, 3, 3, 3, 1], 2, 4, foreach=True)
+    # `.to(fp32)` copies nothing
+    assert (fp32.gradients, fp32.other, fp32.moment, fp32.rank) == (4 * 10, 4 * 8, "flatten", 1)
     # the partitions are padded to a multiple of 2 x world: 18 elements over 2 ranks are 20, partitions of 10
     assert zero.optimizer_step([9, 9], 2, 2, foreach=True).gradients == 2 * 18
-    # the fullest rank: over partitions of 6, rank 1's [6, 12) overlaps both parameters (12 elements), rank 0's one
-    assert zero.optimizer_step([10, 2], 2, 2, foreach=True).rank == 1
+    # the fullest rank: the one whose parameters reach furthest past its bounds
+    assert zero.optimizer_step([3, 3, 3, 3, 3, 1], 2, 2, foreach=True).rank == 1
     assert zero.optimizer_step([], 4, 2, foreach=True) == zero.StepPeak(0, 0, "flatten", 0)
+
+
+def test_deepspeeds_gradient_norm_copies_the_largest_piece_of_a_partition_to_fp64():
+    """`get_grad_norm_direct` copies each gradient piece inside the partition to fp64 in turn: a parameter that
+    fills a partition (an embedding) makes the norm the step's peak. Over partitions of 6, rank 0's piece of the
+    10-element parameter is 6 elements (48 bytes in fp64) and it overlaps 10 elements; rank 1's largest piece is 4."""
+    step = zero.optimizer_step([10, 2], 2, 2, foreach=True)
+    assert step == zero.StepPeak(gradients=2 * 10, other=8 * 6, moment="norm", rank=0)
+    assert zero.partition_of([10, 2], 2) == (6, [10, 12], [6, 4])
+    # many small parameters: the flatten and its fp32 cast hold more than any one piece's fp64 copy
+    assert zero.optimizer_step([1] * 16, 2, 2, foreach=True).moment == "flatten"
 
 
 def test_a_rank_whose_optimizer_step_peaks_says_which_rank_and_what_it_holds():

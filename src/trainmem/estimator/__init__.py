@@ -478,15 +478,19 @@ def _zero_step(inv: states.Inventory, setup: TrainSetup, rank: sharding.RankStat
               "other": rank.step_temporaries + terms["cublas_workspace"] + rank.buffers}
     if setup.offload == "none":
         sizes, grad_bytes = _flat_group(inv)
-        step = zero.optimizer_step(sizes, setup.shard_group, grad_bytes, OPTIMIZERS[setup.optimizer].foreach)
+        asked = setup.rank % setup.shard_group if setup.rank is not None else None
+        step = zero.optimizer_step(sizes, setup.shard_group, grad_bytes, OPTIMIZERS[setup.optimizer].foreach, asked)
         terms["optimizer_step_temporaries"] = step.other
         memory.update(gradients=step.gradients, other=step.other + terms["cublas_workspace"] + rank.buffers)
-        return memory, "optimizer step", (f"ZeRO-1/2 optimizer step: rank {step.rank}, the fullest, peaks at its "
+        which = f"rank {step.rank}" if asked is not None else f"rank {step.rank}, the fullest,"
+        return memory, "optimizer step", (f"ZeRO-1/2 optimizer step: {which} peaks at its "
                                           f"{step.moment} ({ZERO_STEP[step.moment]})"), step.rank
     return memory, "optimizer step", None, None
 
 
-ZERO_STEP = {"flatten": "the gradients of its partition's parameters, their flat copy and its fp32 cast at once",
+ZERO_STEP = {"norm": "the gradients of its partition's parameters and the fp64 copy of its largest piece of one, "
+                     "which DeepSpeed's gradient norm makes",
+             "flatten": "the gradients of its partition's parameters, their flat copy and its fp32 cast at once",
              "update": "the fp32 gradient partition and the optimizer's temporaries"}
 """What a ZeRO-1/2 rank holds at each moment of DeepSpeed's optimizer step (`zero.StepPeak.moment`)."""
 

@@ -10,8 +10,9 @@ The reserved bytes come from the allocator replay of the rank's own events (`ran
 with DeepSpeed's engine in place of what differs. The engine copies the trainable weights into one flat buffer and
 frees them (their blocks stay cached, and the forward's activations reuse them), makes the fp32 partition and a
 zero gradient for it, and keeps one gradient bucket; each backward's gradients go through the bucket into the
-rank's partition buffer; its step is DeepSpeed's (`optimizer_step`). Read in DeepSpeed 0.19.8's
-`stage_1_and_2.py` and in the allocator traces of nine measured ranks (docs/lab/zero-reserved-2026-12-07.md).
+rank's partition buffer; its step is DeepSpeed's (`optimizer_step`), the gradient norm's fp64 copies first.
+Read in DeepSpeed 0.19.8's `stage_1_and_2.py` and in the allocator traces of fourteen measured ranks
+(docs/lab/zero-reserved-2026-12-07.md).
 
 The optimizer step is DeepSpeed's (`StepPeak`): it flattens the rank's gradient partition and casts it to fp32
 while the gradients it was flattened from still exist, then steps the wrapped optimizer on the fp32 partition.
@@ -58,14 +59,15 @@ class Excess:
 @dataclass(frozen=True)
 class StepPeak:
     """The most a ZeRO-1/2 rank's optimizer step holds beyond its weights and optimizer states, on the fullest rank:
-    `gradients` (the gradient bytes then alive) and `other` (DeepSpeed's flat and fp32 copies of the partition and
-    the wrapped optimizer's temporaries)."""
+    `gradients` (the gradient bytes then alive) and `other` (DeepSpeed's fp64, flat and fp32 copies of the
+    partition and the wrapped optimizer's temporaries)."""
 
     gradients: int
     other: int
     moment: str
-    """Which moment of the step: "flatten" (the partition flattened and cast to fp32) or "update" (the wrapped
-    optimizer's step on the fp32 partition)."""
+    """Which moment of the step: "norm" (the gradient norm, each gradient piece of the partition copied to fp64 in
+    turn), "flatten" (the partition flattened and cast to fp32) or "update" (the wrapped optimizer's step on the
+    fp32 partition)."""
     rank: int
     """The fullest rank (the first of equals)."""
 
@@ -74,33 +76,58 @@ ALIGNMENT = 2
 """DeepSpeed pads the flat group of trainable parameters to a multiple of `nccl_start_alignment_factor` (2) times
 the world size, so that each rank's partition is the same size (`stage_1_and_2.py`)."""
 
+NORM_BYTES = 8
+"""DeepSpeed's gradient norm copies each gradient piece of the rank's partition to fp64 (`get_norm_dtype`) before
+its `vector_norm`, one piece at a time (`get_grad_norm_direct`, on by default: `compute_grad_norm`)."""
 
-def optimizer_step(sizes: Sequence[int], world: int, grad_bytes: int, foreach: bool) -> StepPeak:
-    """DeepSpeed 0.19's ZeRO-1/2 `step()` without offload, for trainable parameters of `sizes` elements (in the
-    order the optimizer holds them) whose gradients take `grad_bytes` bytes an element, over `world` ranks.
 
-    A rank's gradients are those of every parameter that overlaps its partition, whole (the contiguous
-    `grads_in_partition`; a ZeRO-1 rank has freed the others' by then). `step()` first flattens the partition's
-    slices of them (`flatten`: one more partition in their dtype) and casts that to fp32 (`.to`: a copy unless they
-    are fp32 already) before it frees them; last, the wrapped optimizer steps the fp32 partition, foreach AdamW
-    with one temporary as large. The fullest rank is the one whose partition's parameters reach furthest past its
-    bounds (docs/lab/zero-optimizer-step-2026-12-07.md)."""
+def partition_of(sizes: Sequence[int], world: int) -> tuple[int, list[int], list[int]]:
+    """DeepSpeed's partition of a flat group of parameters of `sizes` elements over `world` ranks: the partition's
+    elements, and for each rank the elements of the parameters that overlap its partition (whole) and its largest
+    piece of one parameter (the part of a parameter inside its bounds)."""
     total = -(-sum(sizes) // (ALIGNMENT * world)) * ALIGNMENT * world
     part = total // world
-    if not part:  # nothing trainable: no gradients to flatten
-        return StepPeak(0, 0, "flatten", 0)
-    overlapping = [0] * world
+    overlapping, largest = [0] * world, [0] * world
+    if not part:
+        return 0, overlapping, largest
     start = 0
     for n in sizes:
         if n:
             for r in range(start // part, (start + n - 1) // part + 1):
                 overlapping[r] += n
+                largest[r] = max(largest[r], min(start + n, (r + 1) * part) - max(start, r * part))
         start += n
-    fp32, fullest = 4 * part, overlapping.index(max(overlapping))
-    flatten = StepPeak(grad_bytes * overlapping[fullest], grad_bytes * part + (fp32 if grad_bytes != 4 else 0),
-                       "flatten", fullest)
-    update = StepPeak(fp32, fp32 if foreach else 0, "update", fullest)
-    return max(flatten, update, key=lambda p: p.gradients + p.other)
+    return part, overlapping, largest
+
+
+def optimizer_step(sizes: Sequence[int], world: int, grad_bytes: int, foreach: bool,
+                   rank: int | None = None) -> StepPeak:
+    """DeepSpeed 0.19's ZeRO-1/2 `step()` without offload, for trainable parameters of `sizes` elements (in the
+    order the optimizer holds them) whose gradients take `grad_bytes` bytes an element, over `world` ranks.
+
+    A rank's gradients are those of every parameter that overlaps its partition, whole (the contiguous
+    `grads_in_partition`; a ZeRO-1 rank has freed the others' by then). `step()` first takes the gradient norm
+    (`norm`: each piece of a gradient inside the partition copied to fp64 in turn), then flattens the partition's
+    slices of them (`flatten`: one more partition in their dtype) and casts that to fp32 (`.to`: a copy unless they
+    are fp32 already) before it frees them; last, the wrapped optimizer steps the fp32 partition, foreach AdamW
+    with one temporary as large. Of `rank` where given, else of the fullest rank, the one whose step holds the most
+    (the first of equals): its partition's parameters reach furthest past its bounds, or one parameter fills most
+    of it (docs/lab/zero-optimizer-step-2026-12-07.md)."""
+    part, overlapping, largest = partition_of(sizes, world)
+    if not part:  # nothing trainable: no gradients to flatten
+        return StepPeak(0, 0, "flatten", 0)
+    fp32 = 4 * part
+    update = StepPeak(fp32, fp32 if foreach else 0, "update", 0)
+    best = None
+    for r in range(world) if rank is None else (rank,):
+        norm = StepPeak(grad_bytes * overlapping[r], NORM_BYTES * largest[r], "norm", r)
+        flatten = StepPeak(grad_bytes * overlapping[r], grad_bytes * part + (fp32 if grad_bytes != 4 else 0),
+                           "flatten", r)
+        peak = max(flatten, norm, dataclasses.replace(update, rank=r), key=lambda p: p.gradients + p.other)
+        if best is None or peak.gradients + peak.other > best.gradients + best.other:
+            best = peak
+    assert best is not None
+    return best
 
 
 class _Reduction:
@@ -205,20 +232,16 @@ def rank_events(found: Excess, shard: str, sizes: Sequence[int], grad_bytes: int
     In each step: the forward as on one GPU; the backward's gradients go through the bucket (`_Reduction`) as
     they are made (ZeRO-2), or at the backward's end in the flat order (ZeRO-1, which keeps them whole until
     then), and the first reduction of a parameter of the partition allocates the rank's partition buffer (every
-    parameter overlapping the partition, whole). The step replaces the one-GPU optimizer's: the flat gradient
-    partition, its fp32 cast, the Adam moments of the partition (first step), the foreach temporary."""
+    parameter overlapping the partition, whole). The step replaces the one-GPU optimizer's: the norm's fp64 copy of
+    the largest gradient piece, the flat gradient partition, its fp32 cast, the Adam moments of the partition
+    (first step), the foreach temporary."""
     events, marks = found.events, found.marks
     if not events or not marks or "step1.micro1.forward" not in marks:
         return None
-    total = -(-sum(sizes) // (ALIGNMENT * world)) * ALIGNMENT * world
-    part = total // world
+    part, overlaps, pieces = partition_of(sizes, world)
     if not part:
         return None
-    overlapping, start = 0, 0
-    for n in sizes:
-        if n and start < (rank + 1) * part and start + n > rank * part:
-            overlapping += n
-        start += n
+    total, overlapping, largest = part * world, overlaps[rank], pieces[rank]
     order = sorted(marks.items(), key=lambda kv: kv[1])
     spans = [(name, at, order[i + 1][1] if i + 1 < len(order) else len(events)) for i, (name, at) in enumerate(order)]
     first = marks["step1.micro1.forward"]
@@ -292,6 +315,8 @@ def rank_events(found: Excess, shard: str, sizes: Sequence[int], grad_bytes: int
                     walk.arrive(key, elements, start)
             walk.reduce()
         elif name.endswith("optimizer"):
+            if largest:
+                out.append((new(NORM_BYTES * largest), -1))
             flat = new(grad_bytes * part)
             cast = new(4 * part) if grad_bytes != 4 else flat
             if cast is not flat:
