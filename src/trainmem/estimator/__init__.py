@@ -390,8 +390,9 @@ ZERO_SIMULATED = ("ZeRO-1/2: the rank's forward and backward simulated as one GP
                   "with accumulation)")
 """What a ZeRO-1/2 rank's answer says of its allocated bytes (docs/lab/zero-optimizer-step-2026-12-07.md)."""
 ZERO_REPLAYED = ("ZeRO-1/2 reserved: the allocator replay of the rank's events (one GPU's step with DeepSpeed's flat "
-                 "buffer, partitions, gradient bucket and step in its place); held out on ten DeepSpeed ranks measured "
-                 "on one H100, median error 0.25%, worst -5.2%")
+                 "buffer, partitions, gradient bucket and step in its place); on ten DeepSpeed ranks measured on one "
+                 "H100 and held out, median error 0.25%, worst -5.2%, before the gradient norm's fp64 copy was "
+                 "priced")
 ZERO_RATIO = (f"ZeRO-1/2 reserved: the allocated bytes times {runtime.DEEPSPEED_RESERVED_OVER_ALLOCATED} (optimizer "
               "offload's events are not replayed); measured reserved over allocated runs 1.05-1.56")
 """What a ZeRO-1/2 rank's answer says of its reserved bytes (docs/lab/zero-reserved-2026-12-07.md)."""
