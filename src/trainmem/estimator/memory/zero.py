@@ -14,8 +14,9 @@ rank's partition buffer; its step is DeepSpeed's (`optimizer_step`), the gradien
 Read in DeepSpeed 0.19.8's `stage_1_and_2.py` and in the allocator traces of fourteen measured ranks
 (docs/lab/zero-reserved-2026-12-07.md).
 
-The optimizer step is DeepSpeed's (`StepPeak`): it flattens the rank's gradient partition and casts it to fp32
-while the gradients it was flattened from still exist, then steps the wrapped optimizer on the fp32 partition.
+The optimizer step is DeepSpeed's (`StepPeak`): it takes the gradient norm in fp64, one gradient piece at a time,
+then flattens the rank's gradient partition and casts it to fp32 while the gradients it was flattened from still
+exist, then steps the wrapped optimizer on the fp32 partition.
 
 A deep model of uniform layers is not simulated whole: its cut models' figures (`compose.CUTS` layers) grow by
 the same bytes a layer, and are extended to the full depth; where they do not, the whole model is simulated.
@@ -69,7 +70,7 @@ class StepPeak:
     turn), "flatten" (the partition flattened and cast to fp32) or "update" (the wrapped optimizer's step on the
     fp32 partition)."""
     rank: int
-    """The fullest rank (the first of equals)."""
+    """The rank asked, else the fullest (the first of equals)."""
 
 
 ALIGNMENT = 2
