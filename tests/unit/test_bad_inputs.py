@@ -506,6 +506,15 @@ def test_argparse_errors_name_the_flag(capsys):
         assert code == 2 and needle in err
 
 
+def test_a_misspelt_flag_is_told_the_closest_one(capsys):
+    code, _, err = cli(capsys, ["estimate", "--model", "gpt2", "--offlaod", "optimizer", "--bacth-size=2"])
+    assert code == 2
+    assert "--offlaod: did you mean --offload?" in err and "--bacth-size: did you mean --batch-size?" in err
+    for far in ("--zzzz", "--bogus"):  # nothing near: no suggestion (not --gpus for --bogus)
+        code, _, err = cli(capsys, ["estimate", far])
+        assert code == 2 and f"unrecognized arguments: {far}" in err and "did you mean" not in err
+
+
 # --- the net in main: the unexpected is one line, Ctrl-C is "interrupted" ---------------------------------
 def test_an_internal_error_is_one_line_and_debug_shows_the_traceback(capsys, monkeypatch):
     import trainmem.estimator

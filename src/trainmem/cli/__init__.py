@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import logging
 import os
 import sys
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 from rich.console import Console
 
@@ -48,10 +50,33 @@ def versions() -> str:
     return f"trainmem {__version__} (torch {installed('torch')}, transformers {installed('transformers')})"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose "unrecognized arguments" error names the closest flag of the command typed (a
+    misspelt `--offlaod` is otherwise only "unrecognized"; Python 3.11's argparse suggests nothing)."""
+
+    flags: dict[str, list[str]] = {}
+    """Each subcommand's `--flags` (set by `parser`)."""
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            known = self.flags.get(getattr(parsed, "command", None) or "", [])
+            hints = []
+            for word in extras:
+                flag = word.split("=")[0]
+                # compared without the dashes every flag shares, so that only a near spelling is suggested
+                close = difflib.get_close_matches(flag[2:], [k[2:] for k in known], n=1, cutoff=0.75) \
+                    if flag.startswith("--") else []
+                if close:
+                    hints.append(f"{flag}: did you mean --{close[0]}?")
+            self.error(f"unrecognized arguments: {' '.join(extras)}" + (f" ({'; '.join(hints)})" if hints else ""))
+        return parsed
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line: the subcommands, each with the shared `--verbose`."""
-    top = argparse.ArgumentParser(prog="trainmem", description="Plan, measure and explain GPU memory when "
-                                  "fine-tuning causal language models.")
+    top = _Parser(prog="trainmem", description="Plan, measure and explain GPU memory when "
+                  "fine-tuning causal language models.")
     top.add_argument("--version", action="version", version=versions())
     shared = argparse.ArgumentParser(add_help=False)
     shared.add_argument("--verbose", action="store_true",
@@ -60,6 +85,8 @@ def parser() -> argparse.ArgumentParser:
     for name, module in COMMANDS.items():
         module.register(sub.add_parser(name, help=module.__doc__.splitlines()[0], description=module.__doc__,
                                        parents=[shared]))
+    top.flags = {name: [flag for action in command._actions for flag in action.option_strings if flag.startswith("--")]
+                 for name, command in sub.choices.items()}
     return top
 
 
