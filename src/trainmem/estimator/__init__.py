@@ -422,7 +422,7 @@ def _zero(spec: ModelSpec, inv: states.Inventory, setup: TrainSetup, precision: 
     held = found.gradients if setup.shard == "zero1" else rank.gradients if setup.grad_accum > 1 else 0
     # DeepSpeed flattens on the GPU only where its free memory holds the flat buffer, else on the host
     flat = rank.flat_copy if rank.weights + rank.flat_copy <= card.capacity else 0
-    step, step_phase, step_note, fullest = _zero_step(inv, setup, rank, terms)
+    step, step_phase, step_note, priced = _zero_step(inv, setup, rank, terms)
     candidates = [
         ({"weights": rank.weights, "gradients": held, "optimizer": rank.optimizer,
           "activations": found.activations, "other": found.bytes - found.activations - found.gradients + rank.buffers},
@@ -437,7 +437,7 @@ def _zero(spec: ModelSpec, inv: states.Inventory, setup: TrainSetup, precision: 
     elif phase == step_phase and step_note:
         notes.append(step_note)
     memory["peak_allocated"] = sum(memory.values())
-    reserved = _zero_reserved(spec, inv, setup, precision, found, fullest, notes) if fullest is not None else None
+    reserved = _zero_reserved(spec, inv, setup, precision, found, priced, notes) if priced is not None else None
     if reserved is not None:
         terms["replayed_reserved"] = reserved
         reserved = max(reserved, memory["peak_allocated"])
@@ -446,17 +446,15 @@ def _zero(spec: ModelSpec, inv: states.Inventory, setup: TrainSetup, precision: 
 
 
 def _zero_reserved(spec: ModelSpec, inv: states.Inventory, setup: TrainSetup, precision: str, found: zero.Excess,
-                   fullest: int, notes: list[str]) -> int | None:
+                   rank: int, notes: list[str]) -> int | None:
     """A ZeRO-1/2 rank's peak reserved bytes from the allocator replay of its events (`zero.rank_events`): of
-    `--rank`, else of the `fullest` rank (the one the step prices), under the card's cap as a single GPU's step
-    is; None where the single-GPU step's events are not at hand."""
+    `rank`, the one the step priced, under the card's cap as a single GPU's step is; None where the single-GPU
+    step's events are not at hand."""
     from trainmem.measure.deepspeed import ds_config
 
     sizes, grad_bytes = _flat_group(inv)
-    world = setup.shard_group
-    rank = setup.rank % world if setup.rank is not None else fullest
     bucket = ds_config(setup, precision, int(spec.text_config().hidden_size))["zero_optimization"]["reduce_bucket_size"]
-    made = zero.rank_events(found, setup.shard, sizes, grad_bytes, world, rank, bucket,
+    made = zero.rank_events(found, setup.shard, sizes, grad_bytes, setup.shard_group, rank, bucket,
                             OPTIMIZERS[setup.optimizer].foreach)
     if made is None:
         return None
@@ -472,9 +470,10 @@ def _flat_group(inv: states.Inventory) -> tuple[list[int], int]:
 
 def _zero_step(inv: states.Inventory, setup: TrainSetup, rank: sharding.RankStates,
                terms: dict[str, int]) -> tuple[dict[str, int], str, str | None, int | None]:
-    """A ZeRO-1/2 rank's optimizer step, what the answer says of it where it is the peak, and the fullest rank
-    (None under offload): DeepSpeed's own (`zero.optimizer_step`) on the GPU; under optimizer offload the GPU keeps
-    the gradient partition and the staging buffer while the CPU steps."""
+    """A ZeRO-1/2 rank's optimizer step, what the answer says of it where it is the peak, and the rank it prices
+    (the one `TrainSetup.rank` names, else the fullest; None under offload): DeepSpeed's own
+    (`zero.optimizer_step`) on the GPU; under optimizer offload the GPU keeps the gradient partition and the staging
+    buffer while the CPU steps."""
     memory = {"weights": rank.weights, "gradients": rank.gradients, "optimizer": rank.optimizer, "activations": 0,
               "other": rank.step_temporaries + terms["cublas_workspace"] + rank.buffers}
     if setup.offload == "none":
