@@ -389,10 +389,11 @@ ZERO_SIMULATED = ("ZeRO-1/2: the rank's forward and backward simulated as one GP
                   "measured on one H100, peak_allocated median error 0.03% and 0.02%, worst -2% and +8.2% (ZeRO-1 "
                   "with accumulation)")
 """What a ZeRO-1/2 rank's answer says of its allocated bytes (docs/lab/zero-optimizer-step-2026-12-07.md)."""
-ZERO_REPLAYED = ("ZeRO-1/2 reserved: the allocator replay of the rank's events (one GPU's step with DeepSpeed's flat "
-                 "buffer, partitions, gradient bucket and step in its place); on ten DeepSpeed ranks measured on one "
-                 "H100 and held out, median error 0.25%, worst -5.2%, before the gradient norm's fp64 copy was "
-                 "priced")
+ZERO_REPLAYED = ("ZeRO-1/2: peak allocated and reserved from the allocator replay of the rank's events (one GPU's "
+                 "forward and backward of the same micro-batch, with DeepSpeed's flat buffer, partitions, gradient "
+                 "bucket and optimizer step in their place); on 39 DeepSpeed ranks measured on one H100, in sample, "
+                 "allocated median error 0.06%, worst -1.8%, reserved median 0.4%, worst -12.4%")
+"""What a ZeRO-1/2 rank's answer says of its replayed figures (docs/lab/zero-reserved-2026-12-07.md)."""
 ZERO_RATIO = (f"ZeRO-1/2 reserved: the allocated bytes times {runtime.DEEPSPEED_RESERVED_OVER_ALLOCATED} (optimizer "
               "offload's events are not replayed); measured reserved over allocated runs 1.05-1.56")
 """What a ZeRO-1/2 rank's answer says of its reserved bytes (docs/lab/zero-reserved-2026-12-07.md)."""
@@ -407,58 +408,78 @@ ZERO_INIT = ("ZeRO-1/2: the step holds less than the engine's initialisation, wh
 
 def _zero(spec: ModelSpec, inv: states.Inventory, setup: TrainSetup, precision: str, ms: dict[str, int],
           notes: list[str], card: GPU, step: Any) -> tuple[dict[str, int], str, dict[str, int], int | None]:
-    """A ZeRO-1/2 rank: its states (`_rank_states`) plus, in forward and backward, what the same micro-batches'
-    step holds beyond the states on one GPU (`zero.Excess`); in the optimizer step, DeepSpeed's (`_zero_step`).
-    Its reserved bytes: the allocator replay of the rank's events (`_zero_reserved`), None where there are none."""
+    """A ZeRO-1/2 rank. Without offload, the allocator replay of the rank's own events (`zero.rank_events`) gives
+    its peak allocated and reserved bytes, and the parts at that peak (`_replayed_parts`). Under optimizer offload,
+    whose events are not replayed: its states (`_rank_states`) plus, in forward and backward, what the same
+    micro-batches' step holds beyond the states on one GPU (`zero.Excess`), in the optimizer step DeepSpeed's
+    (`_zero_step`), and reserved bytes as a measured ratio (None here)."""
     found = step if step is not None else simulated_step(spec, setup, precision, card)
     rank = _rank_states(inv, setup, precision, ms)
     terms = {"simulated_excess": found.bytes, "optimizer_step_temporaries": rank.step_temporaries,
              "cublas_workspace": cuda.CUBLAS_HANDLES * card.cublas_workspace}
     _rank_notes(rank, setup, terms, notes)
-    notes.append(ZERO_SIMULATED)
     if rank.buffers:
         terms["deepspeed_buffers"] = rank.buffers
-    # a window's ZeRO-2 gradient partition waits for its last micro-batch; ZeRO-1's whole gradients are in `found`
-    held = found.gradients if setup.shard == "zero1" else rank.gradients if setup.grad_accum > 1 else 0
-    # DeepSpeed flattens on the GPU only where its free memory holds the flat buffer, else on the host
-    flat = rank.flat_copy if rank.weights + rank.flat_copy <= card.capacity else 0
     step, step_phase, step_note, priced = _zero_step(inv, setup, rank, terms)
-    candidates = [
-        ({"weights": rank.weights, "gradients": held, "optimizer": rank.optimizer,
-          "activations": found.activations, "other": found.bytes - found.activations - found.gradients + rank.buffers},
-         "forward/backward"),
-        (step, step_phase),
-        ({"weights": rank.weights + flat, "gradients": 0, "optimizer": 0, "activations": 0, "other": 0}, INIT_PHASE),
-    ]
-    memory, phase = max(candidates, key=lambda c: sum(c[0].values()))  # the first of equals: the step's
+    made = _zero_events(spec, inv, setup, precision, found, priced) if priced is not None else None
+    if made is not None:
+        replayed = _replay(made.events, made.steady, setup.cap_bytes(precision), notes)
+        memory, phase = _replayed_parts(made, replayed.allocated, found.activations, step_phase)
+        terms["replayed_reserved"] = replayed.reserved
+        reserved: int | None = max(replayed.reserved, memory["peak_allocated"])
+        notes.append(ZERO_REPLAYED)
+    else:
+        # a window's ZeRO-2 gradient partition waits for its last micro-batch; ZeRO-1's whole gradients are in
+        # `found`
+        held = found.gradients if setup.shard == "zero1" else rank.gradients if setup.grad_accum > 1 else 0
+        # DeepSpeed flattens on the GPU only where its free memory holds the flat buffer, else on the host
+        flat = rank.flat_copy if rank.weights + rank.flat_copy <= card.capacity else 0
+        candidates = [
+            ({"weights": rank.weights, "gradients": held, "optimizer": rank.optimizer,
+              "activations": found.activations,
+              "other": found.bytes - found.activations - found.gradients + rank.buffers}, "forward/backward"),
+            (step, step_phase),
+            ({"weights": rank.weights + flat, "gradients": 0, "optimizer": 0, "activations": 0, "other": 0},
+             INIT_PHASE),
+        ]
+        memory, phase = max(candidates, key=lambda c: sum(c[0].values()))  # the first of equals: the step's
+        memory["peak_allocated"] = sum(memory.values())
+        reserved = None
+        notes += [ZERO_SIMULATED, ZERO_RATIO]
     if phase == INIT_PHASE:
-        terms["deepspeed_init_peak"] = sum(memory.values())
+        terms["deepspeed_init_peak"] = memory["peak_allocated"]
         notes.append(ZERO_INIT)
     elif phase == step_phase and step_note:
         notes.append(step_note)
-    memory["peak_allocated"] = sum(memory.values())
-    reserved = _zero_reserved(spec, inv, setup, precision, found, priced, notes) if priced is not None else None
-    if reserved is not None:
-        terms["replayed_reserved"] = reserved
-        reserved = max(reserved, memory["peak_allocated"])
-    notes.append(ZERO_REPLAYED if reserved is not None else ZERO_RATIO)
     return memory, phase, terms, reserved
 
 
-def _zero_reserved(spec: ModelSpec, inv: states.Inventory, setup: TrainSetup, precision: str, found: zero.Excess,
-                   rank: int, notes: list[str]) -> int | None:
-    """A ZeRO-1/2 rank's peak reserved bytes from the allocator replay of its events (`zero.rank_events`): of
-    `rank`, the one the step priced, under the card's cap as a single GPU's step is; None where the single-GPU
-    step's events are not at hand."""
+def _zero_events(spec: ModelSpec, inv: states.Inventory, setup: TrainSetup, precision: str, found: zero.Excess,
+                 rank: int) -> zero.RankEvents | None:
+    """The events of a ZeRO-1/2 rank without offload (`zero.rank_events`): of `rank`, the one the step priced;
+    None where the single-GPU step's events are not at hand."""
     from trainmem.measure.deepspeed import ds_config
 
     sizes, grad_bytes = _flat_group(inv)
     bucket = ds_config(setup, precision, int(spec.text_config().hidden_size))["zero_optimization"]["reduce_bucket_size"]
-    made = zero.rank_events(found, setup.shard, sizes, grad_bytes, setup.shard_group, rank, bucket,
+    return zero.rank_events(found, setup.shard, sizes, grad_bytes, setup.shard_group, rank, bucket,
                             OPTIMIZERS[setup.optimizer].foreach)
-    if made is None:
-        return None
-    return _replay(made[0], made[1], setup.cap_bytes(precision), notes).reserved
+
+
+def _replayed_parts(made: zero.RankEvents, allocated: int, activations: int,
+                    step_phase: str) -> tuple[dict[str, int], str]:
+    """The answer's parts at a ZeRO-1/2 rank's most allocated moment (`zero.peak_parts`), summing to the replay's
+    `allocated` bytes, and its phase. Of the step's own blocks then held, the activations are those the
+    single-GPU step saved for backward at its own peak (`activations`; none at the build or in the optimizer
+    step); the rest, and the bytes by which the allocator's blocks exceed the requests, are "other"."""
+    parts, mark = zero.peak_parts(made)
+    phase = (INIT_PHASE if mark == "build" else step_phase if mark.endswith("optimizer") else "forward/backward")
+    saved = min(activations, parts["rest"]) if phase == "forward/backward" else 0
+    memory = {"weights": parts["weights"], "gradients": parts["gradients"], "optimizer": parts["optimizer"],
+              "activations": saved}
+    memory["other"] = max(allocated, sum(parts.values())) - sum(memory.values())
+    memory["peak_allocated"] = sum(memory.values())
+    return memory, phase
 
 
 def _flat_group(inv: states.Inventory) -> tuple[list[int], int]:

@@ -6,13 +6,16 @@ exactly as one GPU does. So what the rank's forward and backward hold beyond its
 optimizer states is what the single-GPU step holds beyond them: the simulated step of the same model and micro-
 batch gives it, and the rank's states come from DeepSpeed's partitioning (`sharding.rank_states`).
 
-The reserved bytes come from the allocator replay of the rank's own events (`rank_events`): the single-GPU step's,
+Without offload, the peak allocated and reserved bytes come from the allocator replay of the rank's own events
+(`rank_events`), and the parts of the answer from what those events hold at the most allocated one (`peak_parts`).
+The events are the single-GPU step's,
 with DeepSpeed's engine in place of what differs. The engine copies the trainable weights into one flat buffer and
 frees them (their blocks stay cached, and the forward's activations reuse them), makes the fp32 partition and a
 zero gradient for it, and keeps one gradient bucket; each backward's gradients go through the bucket into the
 rank's partition buffer; its step is DeepSpeed's (`optimizer_step`), the gradient norm's fp64 copies first.
 Read in DeepSpeed 0.19.8's `stage_1_and_2.py` and in the allocator traces of fourteen measured ranks
-(docs/lab/zero-reserved-2026-12-07.md).
+(docs/lab/zero-reserved-2026-12-07.md). Under optimizer offload, whose engine is not replayed, a rank is its states
+plus the single-GPU step's most bytes beyond them (`Excess`).
 
 The optimizer step is DeepSpeed's (`StepPeak`): it takes the gradient norm in fp64, one gradient piece at a time,
 then flattens the rank's gradient partition and casts it to fp32 while the gradients it was flattened from still
@@ -220,10 +223,24 @@ def rank_excess(config: dict[str, Any], layers: int, simulate: Callable[[int | N
     return dataclasses.replace(excess(ledger, whole_gradients), events=ledger.events, marks=dict(ledger.marks))
 
 
+@dataclass
+class RankEvents:
+    """A ZeRO-1/2 rank's events (`rank_events`), with what the answer's breakdown reads of them."""
+
+    events: list[tuple[Any, int]]
+    steady: int | None
+    """Where the last step begins (the replay repeats it)."""
+    kinds: dict[Any, str]
+    """The part ("weights", "gradients", "optimizer") of each block that holds a state; the others are the step's
+    activations and temporaries."""
+    phases: list[tuple[int, str]]
+    """(index of its first event, name) of each phase: the build, then the single-GPU step's marks."""
+
+
 def rank_events(found: Excess, shard: str, sizes: Sequence[int], grad_bytes: int, world: int, rank: int,
-                bucket: int, foreach: bool) -> tuple[list[tuple[Any, int]], int | None] | None:
-    """The events of rank `rank` of a ZeRO-1/2 run without offload, from the single-GPU step's (`found.events`),
-    and where its last step begins (for the replay's repetition); None where there are none.
+                bucket: int, foreach: bool) -> RankEvents | None:
+    """The events of rank `rank` of a ZeRO-1/2 run without offload, from the single-GPU step's (`found.events`);
+    None where there are none.
 
     `sizes`: the trainable parameters' elements in the optimizer's order, `grad_bytes` their bytes an element,
     `bucket`: the gradient bucket's elements (`reduce_bucket_size`). What DeepSpeed 0.19.8 does differently from
@@ -270,29 +287,35 @@ def rank_events(found: Excess, shard: str, sizes: Sequence[int], grad_bytes: int
                     for k, n in events[c:d] if n > 0}
             gradients |= made & {k for k, n in events[a:b] if n == -1}
     out = list(events[:first])
+    kinds = {key: "weights" for key in built}  # the build's blocks still held: weights and buffers
     count = iter(range(1, 1 << 62))
 
-    def new(n: int) -> Any:
+    def new(n: int, kind: str | None = None) -> Any:
         key = ("zero", next(count))
         out.append((key, n))
+        if kind is not None:
+            kinds[key] = kind
         return key
 
-    new(total * grad_bytes)
+    phases = [(0, "build")]
+    new(total * grad_bytes, "weights")
     out.extend((k, -1) for k in weights)
     if grad_bytes != 4:
         clone = new(grad_bytes * part)
-        new(4 * part)
+        new(4 * part, "optimizer")
         out.append((clone, -1))
     else:
-        new(4 * part)
+        new(4 * part, "optimizer")
     out.append((new(4 * part), -1))
     new(bucket * grad_bytes)
     low, high, used = rank * part, (rank + 1) * part, sum(sizes)
-    walk = _Reduction(bucket, low, high, lambda: new(overlapping * grad_bytes), out)
+    walk = _Reduction(bucket, low, high, lambda: new(overlapping * grad_bytes, "gradients"), out)
+    kinds.update((key, "gradients") for key in gradients)
     steady, moments = None, False
     for name, a, b in spans:
         if a < first:  # the build, copied above
             continue
+        phases.append((len(out), name))
         if name == f"step{STEPS}.micro1.forward":
             steady = len(out)
         if name.endswith("backward"):
@@ -326,12 +349,39 @@ def rank_events(found: Excess, shard: str, sizes: Sequence[int], grad_bytes: int
                 out.append((walk.held, -1))
                 walk.held = None
             if not moments:
-                new(4 * part)
-                new(4 * part)
+                new(4 * part, "optimizer")
+                new(4 * part, "optimizer")
                 moments = True
             if foreach:
                 out.append((new(4 * part), -1))
             out.append((cast, -1))
         else:
             out.extend(events[a:b])
-    return out, steady
+    return RankEvents(out, steady, kinds, phases)
+
+
+def peak_parts(made: RankEvents) -> tuple[dict[str, int], str]:
+    """The bytes each part requested (weights, gradients, optimizer; the step's own blocks as "rest") at the rank's
+    most allocated event, the one where the blocks, rounded as the allocator rounds them, hold the most; and the
+    phase that event falls in."""
+    from .allocator import round_size
+
+    live = {"weights": 0, "gradients": 0, "optimizer": 0, "rest": 0}
+    sizes: dict[Any, int] = {}
+    best, at, total, most = dict(live), 0, 0, 0
+    for i, (key, n) in enumerate(made.events):
+        if key == EMPTY_CACHE or key == STREAM:
+            continue
+        kind = made.kinds.get(key, "rest")
+        if n == -1:
+            freed = sizes.pop(key)
+            live[kind] -= freed
+            total -= round_size(freed)
+            continue
+        sizes[key] = n
+        live[kind] += n
+        total += round_size(n)
+        if total > most:
+            best, at, most = dict(live), i, total
+    phase = next(name for start, name in reversed(made.phases) if start <= at)
+    return best, phase
