@@ -6,7 +6,7 @@ Each setup (an index into validate.SETUPS, hN for validate.HELD_OUT[N], gN for v
 kN for validate.HELD_OUT_4[N], sN for validate.HELD_OUT_6[N], tN for validate.HELD_OUT_7[N], uN for
 validate.HELD_OUT_8[N], wN for validate.HELD_OUT_12[N], xN for validate.HELD_OUT_14[N], yN for validate.HELD_OUT_15[N], eN for validate.MOE_EXPLORE[N], fN for validate.SHARDED[N] (an FSDP2 rank), rN for sharded_ranks_gpu.RANKS[N] (a meta-built FSDP2 rank), l0/l1 for llama-3.2-1b LoRA b4 with/without `--kernels liger`,
 zN for a DeepSpeed ZeRO rank of zero_ranks_gpu's sets 3 and 4 (z0-z9 set 3, z10-z19 set 4), vN of its
-sets 1 and 2 (v0-v9, v10-v19), nN of its set 5, oN of its set 6,
+sets 1 and 2 (v0-v9, v10-v19), nN of its set 5, oN of its set 6, pN of its set 7,
 cN for the chapter's run N
 on a T4; under its `gpu` emulation where it names one) runs as in validate.py (STEPS=6 for the six steps of the
 held-out sets from held-out 4 on; default 3), under `torch.cuda.memory._record_memory_history`; the trace
@@ -58,7 +58,8 @@ SETS = {"h": HELD_OUT, "g": HELD_OUT_2, "k": HELD_OUT_4, "s": HELD_OUT_6, "t": H
         "z": [(a, dict(kw, engine="deepspeed", device="cuda")) for a, kw in zero_ranks_gpu.RANKS_3 + zero_ranks_gpu.RANKS_4],
         "v": [(a, dict(kw, engine="deepspeed", device="cuda")) for a, kw in zero_ranks_gpu.RANKS + zero_ranks_gpu.RANKS_2],
         "n": [(a, dict(kw, engine="deepspeed", device="cuda")) for a, kw in zero_ranks_gpu.RANKS_5],
-        "o": [(a, dict(kw, engine="deepspeed", device="cuda")) for a, kw in zero_ranks_gpu.RANKS_6]}
+        "o": [(a, dict(kw, engine="deepspeed", device="cuda")) for a, kw in zero_ranks_gpu.RANKS_6],
+        "p": [(a, dict(kw, engine="deepspeed", device="cuda")) for a, kw in zero_ranks_gpu.RANKS_7]}
 """The sets a trace's index names by its letter (a bare number: `validate.SETUPS`)."""
 
 

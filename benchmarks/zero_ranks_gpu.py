@@ -1,7 +1,7 @@
 """One rank of a DeepSpeed ZeRO run, measured on one GPU through the fake process group (issue 40, item 3), beside
 trainmem's estimate of the same setup: measured vs estimated peak_allocated and peak_reserved.
 
-    python benchmarks/zero_ranks_gpu.py OUT_DIR [--set 1|2|3|4|5|6] [INDEX ...]   # on a GPU with DeepSpeed importable
+    python benchmarks/zero_ranks_gpu.py OUT_DIR [--set 1|2|3|4|5|6|7] [INDEX ...]   # on a GPU with DeepSpeed importable
 
 Each rank runs as `trainmem run --device cuda --engine deepspeed --gpus N --shard zeroK --rank R` in a fresh
 process (`trainmem.isolation.runner.run`), 3 steps, up to 10 minutes; its row goes to OUT_DIR/zero-ranks.jsonl and
@@ -128,7 +128,27 @@ embedding (Gemma-2 and Llama-3.2-1B at worlds 8 and 16, BLOOM, Gemma-3), ZeRO-1 
 Llama-3.1-8B at world 16, Qwen2.5 in fp32, ZeRO-2 with accumulation under autocast; worlds 2 to 16, ranks 0 to 15.
 Chosen at the commit that added them, before any ran."""
 
-SETS = {"1": RANKS, "2": RANKS_2, "3": RANKS_3, "4": RANKS_4, "5": RANKS_5, "6": RANKS_6}
+RANKS_7: list[tuple[str, dict]] = [
+    ("llama-3.2-3b", dict(shard="zero1", gpus=4, precision="bf16", batch_size=2, seq_len=1024, rank=3, **CKPT)),
+    ("qwen2.5-1.5b", dict(shard="zero1", gpus=8, precision="bf16", batch_size=2, seq_len=1024, rank=5)),
+    ("mistral-7b", dict(shard="zero1", gpus=16, precision="bf16", batch_size=1, seq_len=512, rank=9, **CKPT)),
+    ("stablelm-2-1.6b", dict(shard="zero1", gpus=2, precision="bf16", batch_size=2, seq_len=1024, rank=1)),
+    ("gemma-2-2b", dict(shard="zero1", gpus=4, precision="bf16", batch_size=1, seq_len=1024, rank=2, **CKPT)),
+    ("opt-1.3b", dict(shard="zero1", gpus=8, precision="bf16", batch_size=4, seq_len=512, rank=0)),
+    ("qwen3-0.6b", dict(shard="zero1", gpus=4, precision="fp32", batch_size=2, seq_len=1024, rank=3)),
+    ("polyglot-ko-3.8b", dict(shard="zero1", gpus=8, precision="amp-bf16", batch_size=1, seq_len=1024, rank=6,
+                              **CKPT)),
+    ("falcon-7b", dict(shard="zero2", gpus=8, precision="bf16", batch_size=1, seq_len=1024, rank=4, **CKPT)),
+    ("llama-3.2-1b", dict(shard="zero2", gpus=4, precision="bf16", batch_size=4, seq_len=1024, grad_accum=2,
+                          rank=2)),
+]
+"""Set 7, held out for a ZeRO-1 rank's gradients larger than DeepSpeed's bucket, which its reduction does not free:
+eight ZeRO-1 ranks over setups no earlier set ran (Llama-3.2-3B on the last rank, Qwen2.5 at world 8, Mistral-7B at
+world 16, StableLM-2, Gemma-2, OPT at batch 4, Qwen3 in fp32, GPT-NeoX under autocast) and two ZeRO-2 ranks that the
+change should leave alone (Falcon-7B, Llama-3.2-1B with accumulation); worlds 2 to 16, ranks 0 to 9. Chosen at the
+commit that added them, before any ran and before the change."""
+
+SETS = {"1": RANKS, "2": RANKS_2, "3": RANKS_3, "4": RANKS_4, "5": RANKS_5, "6": RANKS_6, "7": RANKS_7}
 
 FIELDS = ("peak_allocated", "peak_reserved")
 
