@@ -138,12 +138,16 @@ class _Reduction:
     """DeepSpeed's reduction of a rank's gradients through its contiguous bucket (`reduce_bucket_size` elements,
     `stage_1_and_2.py`): each gradient is copied into the bucket and its own block freed (one larger than the
     bucket waits for the reduction); a full bucket is reduced, and the first reduction that holds a parameter of
-    the rank's partition [`low`, `high`) allocates the partition buffer (`held`, by `allocate`)."""
+    the rank's partition [`low`, `high`) allocates the partition buffer (`held`, by `allocate`). With `keep_large`
+    (ZeRO-1, whose reduction clears no gradient), the gradients larger than the bucket stay until the partition
+    buffer exists, as the allocator traces of ZeRO-1 ranks show them (docs/lab/zero-reserved-2026-12-07.md)."""
 
-    def __init__(self, bucket: int, low: int, high: int, allocate: Callable[[], Any], out: list[tuple[Any, int]]):
+    def __init__(self, bucket: int, low: int, high: int, allocate: Callable[[], Any], out: list[tuple[Any, int]],
+                 keep_large: bool = False):
         self.bucket, self.low, self.high, self.allocate, self.out = bucket, low, high, allocate, out
         self.elements, self.starts, self.large = 0, [], []
         self.held: Any = None
+        self.keep_large, self.kept = keep_large, []
 
     def arrive(self, key: Any, elements: int, start: int) -> None:
         if self.elements + elements > self.bucket:
@@ -158,8 +162,18 @@ class _Reduction:
     def reduce(self) -> None:
         if self.held is None and any(s < self.high and s + n > self.low for s, n in self.starts):
             self.held = self.allocate()
-        self.out.extend((k, -1) for k in self.large)
+        if self.keep_large and self.held is None:
+            self.kept += self.large
+        else:
+            self.out.extend((k, -1) for k in self.kept + self.large)
+            self.kept = []
         self.elements, self.starts, self.large = 0, [], []
+
+    def finish(self) -> None:
+        """The backward's last bucket reduced, and any gradient still kept freed."""
+        self.reduce()
+        self.out.extend((k, -1) for k in self.kept)
+        self.kept = []
 
 
 def simulates(setup: TrainSetup) -> bool:
@@ -309,7 +323,8 @@ def rank_events(found: Excess, shard: str, sizes: Sequence[int], grad_bytes: int
     out.append((new(4 * part), -1))
     new(bucket * grad_bytes)
     low, high, used = rank * part, (rank + 1) * part, sum(sizes)
-    walk = _Reduction(bucket, low, high, lambda: new(overlapping * grad_bytes, "gradients"), out)
+    walk = _Reduction(bucket, low, high, lambda: new(overlapping * grad_bytes, "gradients"), out,
+                      keep_large=shard == "zero1")
     kinds.update((key, "gradients") for key in gradients)
     steady, moments = None, False
     for name, a, b in spans:
@@ -337,7 +352,7 @@ def rank_events(found: Excess, shard: str, sizes: Sequence[int], grad_bytes: int
             if shard == "zero1":  # at the backward's end, in the flat order
                 for key, elements, start in reversed(mine):
                     walk.arrive(key, elements, start)
-            walk.reduce()
+            walk.finish()
         elif name.endswith("optimizer"):
             if largest:
                 out.append((new(NORM_BYTES * largest), -1))
